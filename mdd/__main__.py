@@ -1,0 +1,5 @@
+import sys
+
+from mdd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,365 @@
+"""Patient cases in the MDD-5k case schema: loading, validation, de-identification.
+
+A bad case never stops a run: every problem becomes a :class:`Reject` (file, position,
+case id when there is one, field, reason in words) and the good cases go on. A file that
+cannot be parsed at all raises :class:`CaseFileError`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+MAX_FIELD_CHARS = 20_000
+
+REQUIRED_TEXT = ("诊断结果", "主诉", "现病史", "处理意见")
+OPTIONAL_TEXT = ("重要或相关躯体疾病史", "家族史")
+SECTIONED = ("个人史", "精神检查")  # an object of named sub-fields, or one string
+
+_ICD_ONE = re.compile(r"^[A-Z][0-9]{2}(\.[0-9Xx]{1,8})?$")
+_ICD_SPLIT = re.compile(r"[,，、;；/]")
+_AGE_TEXT = re.compile(r"^\s*(\d{1,3})\s*(岁)?\s*$")
+_GENDERS = {"男": "男", "女": "女", "男性": "男", "女性": "女"}
+
+# Undisclosed personal data, masked in place (the case still runs; the run record says so).
+_PII = (
+    ("id_card", re.compile(r"(?<!\d)[1-9]\d{5}(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx](?![\dXx])"), "[身份证号已隐去]"),
+    ("phone", re.compile(r"(?<!\d)(?:\+?86[- ]?)?1[3-9]\d[- ]?\d{4}[- ]?\d{4}(?!\d)"), "[电话已隐去]"),
+    ("phone", re.compile(r"(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"), "[电话已隐去]"),
+    ("email", re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"), "[邮箱已隐去]"),
+)
+
+
+class CaseFileError(ValueError):
+    """The file cannot be read as cases at all (the run stops with a non-zero exit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    source: str
+    position: int
+    case_id: str | None
+    field: str
+    reason: str
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "position": self.position,
+            "case_id": self.case_id,
+            "field": self.field,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One validated case. ``personal`` and ``exam`` keep the object-or-string shape."""
+
+    case_id: str
+    age: int
+    gender: str  # 男 | 女
+    icd_code: str
+    diagnosis: str
+    complaint: str
+    present_illness: str
+    treatment: str
+    physical_history: str = "无"
+    family_history: str = "无"
+    personal: dict[str, str] | str = field(default_factory=dict)
+    exam: dict[str, str] | str = field(default_factory=dict)
+    masked: tuple[str, ...] = ()  # "field:kind" of personal data that was masked
+
+    @property
+    def icd_codes(self) -> tuple[str, ...]:
+        return tuple(c.strip() for c in _ICD_SPLIT.split(self.icd_code) if c.strip())
+
+    @property
+    def icd_prefix(self) -> str:
+        return self.icd_codes[0][:3]
+
+    @property
+    def age_band(self) -> str:
+        return age_band(self.age)
+
+    def get(self, path: str) -> str:
+        """A field by name; ``个人史.X`` and ``精神检查.X`` address sub-fields."""
+        head, _, sub = path.partition(".")
+        value: Any = {
+            "主诉": self.complaint,
+            "现病史": self.present_illness,
+            "重要或相关躯体疾病史": self.physical_history,
+            "家族史": self.family_history,
+            "个人史": self.personal,
+            "精神检查": self.exam,
+            "诊断结果": self.diagnosis,
+            "处理意见": self.treatment,
+        }.get(head, "")
+        if isinstance(value, dict):
+            if sub:
+                return value.get(sub, "")
+            return "；".join(f"{k}：{v}" for k, v in value.items())
+        return value if isinstance(value, str) else ""
+
+    def section(self, name: str, key: str) -> str:
+        """A sub-field of 个人史 / 精神检查, also when the section is a single string."""
+        value = self.personal if name == "个人史" else self.exam
+        if isinstance(value, dict):
+            return value.get(key, "")
+        return value
+
+    def to_record(self) -> dict[str, Any]:
+        """Back to the MDD-5k schema (with the masked text)."""
+        return {
+            "患者": self.case_id,
+            "年龄": self.age,
+            "性别": self.gender,
+            "ICD编码": self.icd_code,
+            "诊断结果": self.diagnosis,
+            "主诉": self.complaint,
+            "现病史": self.present_illness,
+            "重要或相关躯体疾病史": self.physical_history,
+            "家族史": self.family_history,
+            "个人史": self.personal,
+            "精神检查": self.exam,
+            "处理意见": self.treatment,
+        }
+
+
+def age_band(age: int) -> str:
+    if age <= 20:
+        return "teen"
+    if age >= 60:
+        return "elderly"
+    return "adult"
+
+
+# --- reading ------------------------------------------------------------------------
+
+CASE_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+def read_records(path: str | Path) -> list[tuple[str, int, Any]]:
+    """Raw records as (source file, position in that file, record).
+
+    ``path`` is a file (JSON array, JSON object, JSONL, Parquet) or a folder of them.
+    """
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() in CASE_SUFFIXES)
+        if not files:
+            raise CaseFileError(f"{p}: no case files (*.json, *.jsonl, *.parquet) in this folder")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise CaseFileError(f"{p}: no such file or folder")
+    out: list[tuple[str, int, Any]] = []
+    for f in files:
+        out.extend((str(f), i, rec) for i, rec in enumerate(_read_file(f)))
+    return out
+
+
+def _read_file(f: Path) -> list[Any]:
+    suffix = f.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(f).to_pylist()
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            raise CaseFileError(f"{f}: not a readable Parquet file: {exc}") from exc
+    try:
+        text = f.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CaseFileError(f"{f}: not UTF-8 text: {exc}") from exc
+    if suffix == ".jsonl" or (suffix != ".json" and "\n{" in text):
+        records = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise CaseFileError(f"{f}: line {lineno} is not valid JSON: {exc.msg}") from exc
+        return records
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaseFileError(f"{f}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from exc
+    if isinstance(data, dict) and isinstance(data.get("cases"), list):
+        return data["cases"]
+    if isinstance(data, dict):
+        return [data]
+    if isinstance(data, list):
+        return data
+    raise CaseFileError(f"{f}: expected a JSON array of cases, got {type(data).__name__}")
+
+
+# --- validation ---------------------------------------------------------------------
+
+
+def _type_name(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return f"a number ({v})"
+    if v is None:
+        return "null"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _mask(text: str, fieldname: str, hits: list[str]) -> str:
+    for kind, pattern, token in _PII:
+        text, n = pattern.subn(token, text)
+        if n:
+            hits.append(f"{fieldname}:{kind}")
+    return text
+
+
+def validate_record(rec: Any, source: str, position: int) -> tuple[Case | None, list[Reject]]:
+    """Validate one raw record. Returns the case (or None) and its problems."""
+    problems: list[tuple[str, str]] = []
+    if not isinstance(rec, dict):
+        return None, [Reject(source, position, None, "(record)", f"expected an object with the case fields, got {_type_name(rec)}")]
+
+    raw_id = rec.get("患者")
+    case_id: str | None = None
+    if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
+        problems.append(("患者", "missing case id"))
+    elif isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+        problems.append(("患者", f"case id must be text or an integer, got {_type_name(raw_id)}"))
+    else:
+        case_id = str(raw_id).strip()
+
+    age: int | None = None
+    raw_age = rec.get("年龄")
+    if raw_age is None or raw_age == "":
+        problems.append(("年龄", "missing"))
+    elif isinstance(raw_age, bool):
+        problems.append(("年龄", "must be an integer from 1 to 120, got a boolean"))
+    elif isinstance(raw_age, int) or (isinstance(raw_age, float) and raw_age.is_integer()):
+        age = int(raw_age)
+    elif isinstance(raw_age, str) and (m := _AGE_TEXT.match(raw_age)):
+        age = int(m.group(1))
+    else:
+        problems.append(("年龄", f"must be an integer from 1 to 120, got {raw_age!r}"))
+    if age is not None and not 1 <= age <= 120:
+        problems.append(("年龄", f"must be from 1 to 120, got {age}"))
+        age = None
+
+    raw_gender = rec.get("性别")
+    gender = _GENDERS.get(raw_gender.strip()) if isinstance(raw_gender, str) else None
+    if raw_gender is None or raw_gender == "":
+        problems.append(("性别", "missing"))
+    elif gender is None:
+        problems.append(("性别", f"must be 男 or 女, got {raw_gender!r}"))
+
+    raw_icd = rec.get("ICD编码")
+    icd = ""
+    if not isinstance(raw_icd, str) or not raw_icd.strip():
+        problems.append(("ICD编码", "missing" if raw_icd in (None, "") else f"must be text, got {_type_name(raw_icd)}"))
+    else:
+        codes = [c.strip() for c in _ICD_SPLIT.split(raw_icd) if c.strip()]
+        bad = [c for c in codes if not _ICD_ONE.match(c.upper())]
+        if not codes or bad:
+            problems.append(("ICD编码", f"not an ICD-10 code: {', '.join(bad) or raw_icd!r} (expected e.g. F32.900, or several separated by commas)"))
+        else:
+            icd = ",".join(c.upper().replace("X", "x") if "." in c else c.upper() for c in codes)
+
+    masked: list[str] = []
+    texts: dict[str, str] = {}
+    for name in REQUIRED_TEXT + OPTIONAL_TEXT:
+        v = rec.get(name)
+        required = name in REQUIRED_TEXT
+        if v is None or (isinstance(v, str) and not v.strip()):
+            if required:
+                problems.append((name, "missing" if v is None else "empty"))
+            else:
+                texts[name] = "无"
+            continue
+        if not isinstance(v, str):
+            problems.append((name, f"must be text, got {_type_name(v)}"))
+            continue
+        if len(v) > MAX_FIELD_CHARS:
+            problems.append((name, f"oversized: {len(v):,} characters (limit {MAX_FIELD_CHARS:,})"))
+            continue
+        texts[name] = _mask(v.strip(), name, masked)
+
+    sections: dict[str, dict[str, str] | str] = {}
+    for name in SECTIONED:
+        v = rec.get(name)
+        if v is None or v == "" or v == {}:
+            sections[name] = {}
+            continue
+        if isinstance(v, str):
+            if len(v) > MAX_FIELD_CHARS:
+                problems.append((name, f"oversized: {len(v):,} characters (limit {MAX_FIELD_CHARS:,})"))
+            else:
+                sections[name] = _mask(v.strip(), name, masked)
+            continue
+        if not isinstance(v, dict):
+            problems.append((name, f"must be an object of named sub-fields or text, got {_type_name(v)}"))
+            continue
+        clean: dict[str, str] = {}
+        for k, sub in v.items():
+            if sub is None:
+                continue
+            if not isinstance(sub, str):
+                problems.append((f"{name}.{k}", f"must be text, got {_type_name(sub)}"))
+            elif len(sub) > MAX_FIELD_CHARS:
+                problems.append((f"{name}.{k}", f"oversized: {len(sub):,} characters (limit {MAX_FIELD_CHARS:,})"))
+            else:
+                clean[str(k)] = _mask(sub.strip(), f"{name}.{k}", masked)
+        sections[name] = clean
+
+    if problems:
+        return None, [Reject(source, position, case_id, f, r) for f, r in problems]
+    assert age is not None and gender is not None and case_id is not None
+    return (
+        Case(
+            case_id=case_id,
+            age=age,
+            gender=gender,
+            icd_code=icd,
+            diagnosis=texts["诊断结果"],
+            complaint=texts["主诉"],
+            present_illness=texts["现病史"],
+            treatment=texts["处理意见"],
+            physical_history=texts.get("重要或相关躯体疾病史", "无"),
+            family_history=texts.get("家族史", "无"),
+            personal=sections["个人史"],
+            exam=sections["精神检查"],
+            masked=tuple(masked),
+        ),
+        [],
+    )
+
+
+def validate_records(records: Iterable[tuple[str, int, Any]]) -> tuple[list[Case], list[Reject]]:
+    """Validate all records; later duplicates of a case id are rejected."""
+    cases: list[Case] = []
+    rejects: list[Reject] = []
+    seen: dict[str, tuple[str, int]] = {}
+    for source, position, rec in records:
+        case, problems = validate_record(rec, source, position)
+        if case is None:
+            rejects.extend(problems)
+            continue
+        if case.case_id in seen:
+            first = seen[case.case_id]
+            rejects.append(Reject(source, position, case.case_id, "患者",
+                                  f"duplicate case id: already used at position {first[1]} of {first[0]}"))
+            continue
+        seen[case.case_id] = (source, position)
+        cases.append(case)
+    return cases, rejects
+
+
+def load_cases(path: str | Path) -> tuple[list[Case], list[Reject]]:
+    return validate_records(read_records(path))

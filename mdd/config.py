@@ -1,0 +1,166 @@
+"""Run configuration: frozen pydantic models validated at load time.
+
+YAML is parsed only here (at the edge); errors name the offending key. The resolved
+configuration is saved beside the outputs in ``run.json``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class VLLMOptions(_Frozen):
+    """vLLM engine arguments (set explicitly: the async defaults are small)."""
+
+    num_engines: int = Field(1, ge=1, description="engine actors; one per GPU (or per TP group)")
+    tensor_parallel_size: int = Field(1, ge=1)
+    num_gpus_per_engine: float = Field(1.0, ge=0.0, description="0 on a CPU-only machine")
+    num_cpus_per_engine: float = Field(1.0, ge=0.0)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    max_model_len: int = Field(8192, ge=128)
+    dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    kv_cache_space_gib: float | None = Field(None, description="VLLM_CPU_KVCACHE_SPACE on the CPU build")
+    enforce_eager: bool = False
+    max_restarts: int = Field(2, ge=0, description="times an engine actor that died is restarted")
+    extra: dict[str, Any] = Field(default_factory=dict, description="passed to AsyncEngineArgs as is")
+    startup_timeout_s: float = Field(900.0, gt=0, description="wait this long for the engines to be ready")
+    stats_refresh_s: float = Field(5.0, gt=0, description="how often a pool client refreshes engine load")
+
+
+class OpenAIOptions(_Frozen):
+    base_url_env: str = "MDD_OPENAI_BASE_URL"
+    api_key_env: str = "MDD_OPENAI_API_KEY"
+    base_url: str | None = None
+    concurrency: int = Field(64, ge=1)
+    max_retries: int = Field(5, ge=0)
+    timeout_s: float = Field(120.0, gt=0)
+    backoff_s: float = Field(1.0, ge=0)
+    max_backoff_s: float = Field(30.0, ge=0, description="cap on one backoff sleep")
+
+
+class EngineConfig(_Frozen):
+    name: Literal["scripted", "vllm", "openai"] = "scripted"
+    model: str = "scripted"
+    vllm: VLLMOptions = VLLMOptions()
+    openai: OpenAIOptions = OpenAIOptions()
+
+
+class SamplingConfig(_Frozen):
+    temperature: float = Field(0.8, ge=0.0)
+    top_p: float = Field(0.9, gt=0.0, le=1.0)
+    frequency_penalty: float = 0.3
+    doctor_max_tokens: int = Field(160, ge=8)
+    patient_max_tokens: int = Field(200, ge=8)
+    story_max_tokens: int = Field(400, ge=8)
+    verdict_max_tokens: int = Field(8, ge=1)
+    json_max_tokens: int = Field(96, ge=8)
+
+
+class DialogueConfig(_Frozen):
+    max_exchanges_per_topic: int = Field(3, ge=1, description="hard cap, whatever IsTopicEnd says")
+    max_exchanges: int = Field(60, ge=10, description="IsDialEnd's hard cap for a whole dialogue")
+    history_window: int = Field(0, ge=0, description="0 keeps the whole history (prefix-cache friendly)")
+    dup_detect: bool = True
+    sampling: SamplingConfig = SamplingConfig()
+
+
+class SynthConfig(_Frozen):
+    cases: str = "data/cases"
+    out: str = "out/local"
+    variants: int = Field(5, ge=1)
+    seed: int = 20250225
+    in_flight: int = Field(64, ge=1, description="dialogues in flight across all workers")
+    num_workers: int = Field(1, ge=1)
+    shard_size: int = Field(50, ge=1, description="dialogues per Parquet shard")
+    max_attempts: int = Field(3, ge=1, description="attempts per dialogue before it is a failure")
+    limit: int | None = Field(None, ge=1, description="only the first N valid cases")
+    dialogue: DialogueConfig = DialogueConfig()
+
+
+class RayConfig(_Frozen):
+    address: str | None = Field(None, description="None: RAY_ADDRESS from the environment, else a local Ray")
+    num_cpus: int | None = None
+    include_dashboard: bool = False
+
+
+class EvaluateConfig(_Frozen):
+    embedder: str = "hashing"
+    embedder_model: str | None = None
+    judge: str = "keyword"
+    threshold: float = Field(0.7, ge=0.0, le=1.0)
+    rule_sets: tuple[str, ...] = ("psychiatric",)
+    batch_size: int = Field(256, ge=1)
+    distractors: int = Field(15, ge=1)
+    faithfulness_default: float = Field(0.75, ge=0.0, le=1.0)
+    faithfulness: Literal["auto", "default", "llm"] = Field(
+        "auto", description="auto: the LLM judge (cfg.engine) when judge is 'llm', else faithfulness_default"
+    )
+    concurrency: int | None = Field(None, ge=1, description="scoring actors; None: one per CPU (per GPU for ST)")
+    lexicon: str | None = Field(None, description="evaluator lexicon YAML; None: mdd/knowledge/lexicons.yaml")
+
+
+class Config(_Frozen):
+    run_name: str = "local"
+    engine: EngineConfig = EngineConfig()
+    synth: SynthConfig = SynthConfig()
+    ray: RayConfig = RayConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+
+    @field_validator("run_name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("run_name must not be empty")
+        return v
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _describe(err: ValidationError, path: str) -> str:
+    lines = [f"{path}: invalid configuration"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"  {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load a YAML config (None: the embedded defaults), apply dotted-key overrides."""
+    data: dict[str, Any] = {}
+    src = "<defaults>"
+    if path is not None:
+        src = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{src}: config file not found")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{src}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{src}: the top level must be a mapping")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, src)) from exc

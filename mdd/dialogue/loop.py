@@ -1,0 +1,296 @@
+"""Algorithm 1 of MDD-5k as an explicit async state machine.
+
+    START → EXPERIENCE (FicExpGen) → OPENING → NEXT_TOPIC (IsDialEnd, RandVisit, DupDetect)
+          → ASK (EmpathGen, PromptGen, DocGen) → ANSWER (TriggerExp, PatGen)
+          → REVIEW (ParseExp graft, probes, IsTopicEnd) → ASK | NEXT_TOPIC … → FINAL (labels)
+
+A dialogue is a pure function of (case, variant, run seed, config, engine): every random
+choice comes from a seed derived from (run seed, case id, variant), and every LLM call
+carries a seed derived from it too.
+"""
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from mdd.cases import Case
+from mdd.config import DialogueConfig
+from mdd.dialogue import ops
+from mdd.dialogue import prompts as P
+from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
+from mdd.tree import Topic, TopicAgenda, build_tree
+
+ROLES = ("doctor", "patient", "tool")
+MIN_DOCTOR_TURNS = 10  # DupDetect never trims a dialogue below this many questions
+
+
+class Phase(enum.Enum):
+    START = "start"
+    EXPERIENCE = "experience"
+    OPENING = "opening"
+    NEXT_TOPIC = "next_topic"
+    ASK = "ask"
+    ANSWER = "answer"
+    REVIEW = "review"
+    FINAL = "final"
+    DONE = "done"
+
+
+@dataclass
+class Accounting:
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
+    prompt_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
+    output_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
+    cached_tokens: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def add(self, agent: str, op: str, c: Completion) -> None:
+        role = agent if agent in ROLES else "tool"
+        self.calls[role] += 1
+        self.prompt_tokens[role] += c.prompt_tokens
+        self.output_tokens[role] += c.output_tokens
+        self.cached_tokens += c.cached_tokens
+        self.by_op[op] = self.by_op.get(op, 0) + 1
+
+
+class Dialogue:
+    """One dialogue's state machine. ``await Dialogue(...).run()`` returns its table row."""
+
+    def __init__(self, case: Case, variant: int, run_seed: int, engine: EngineBase, cfg: DialogueConfig,
+                 persona: ops.Persona, triple: tuple[str, str, str]):
+        self.case, self.variant, self.engine, self.cfg = case, variant, engine, cfg
+        self.persona, self.triple = persona, triple
+        self.id = ops.dialogue_id(case.case_id, variant)
+        self.seed = ops.derive_seed(run_seed, case.case_id, variant)
+        self.rng = random.Random(self.seed)
+        self.acct = Accounting()
+        self.phase = Phase.START
+        self.turns: list[dict[str, Any]] = []
+        self.topics: list[str] = []
+        self.story = ""
+        self.agenda: TopicAgenda | None = None
+        self.topic: Topic | None = None
+        self.topic_exchanges = 0
+        self.exchanges = 0
+        self.group = ""
+        self.followup = False
+        self.new_topic = False
+        self.question = ""
+        self.patient_system = ""
+        self.doctor_system = persona.system_prompt()
+        s = cfg.sampling
+        self.sp_doctor = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.doctor_max_tokens,
+                                  frequency_penalty=s.frequency_penalty)
+        self.sp_patient = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.patient_max_tokens,
+                                   frequency_penalty=s.frequency_penalty)
+        self.sp_story = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.story_max_tokens,
+                                 frequency_penalty=s.frequency_penalty)
+        self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens, choice=(ops.YES, ops.NO))
+        self.sp_json = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.json_max_tokens)
+
+    # --- the engine, with accounting and per-call seeds -----------------------------------
+
+    async def call(self, agent: str, op: str, messages: list[Message], sampling: Sampling,
+                   context: dict[str, Any]) -> Completion:
+        n = sum(self.acct.calls.values())
+        seeded = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
+                          frequency_penalty=sampling.frequency_penalty, seed=(self.seed + n) % (2**31 - 1),
+                          choice=sampling.choice, json_schema=sampling.json_schema)
+        ctx = {"persona": self.persona.id, "speed": self.persona.speed, **context}
+        c = await self.engine.generate(Request(messages=tuple(messages), sampling=seeded, agent=agent, op=op,
+                                               session=self.id, context=ctx))
+        self.acct.add(agent, op, c)
+        return c
+
+    # --- the two agents' views of the history (append-only) -------------------------------
+
+    def _window(self) -> list[dict[str, Any]]:
+        exchanges = [t for t in self.turns if t["speaker"] in ("doctor", "patient")]
+        w = self.cfg.history_window
+        return exchanges[-w:] if w else exchanges
+
+    def doctor_view(self) -> list[Message]:
+        msgs = [Message("system", self.doctor_system), Message("user", P.OPENING_PATIENT)]
+        for t in self._window():
+            msgs.append(Message("assistant" if t["speaker"] == "doctor" else "user", t["text"]))
+        return msgs
+
+    def patient_view(self) -> list[Message]:
+        msgs = [Message("system", self.patient_system)]
+        for t in self._window():
+            msgs.append(Message("user" if t["speaker"] == "doctor" else "assistant", t["text"]))
+        return msgs
+
+    def patient_text(self) -> str:
+        return "".join(t["text"] for t in self.turns if t["speaker"] == "patient")
+
+    # --- states ------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        handlers = {
+            Phase.START: self._start,
+            Phase.EXPERIENCE: self._experience,
+            Phase.OPENING: self._opening,
+            Phase.NEXT_TOPIC: self._next_topic,
+            Phase.ASK: self._ask,
+            Phase.ANSWER: self._answer,
+            Phase.REVIEW: self._review,
+            Phase.FINAL: self._final,
+        }
+        steps = 0
+        while self.phase is not Phase.DONE:
+            steps += 1
+            if steps > 20 * self.cfg.max_exchanges + 50:  # a bug guard, never an endless dialogue
+                raise RuntimeError(f"{self.id}: state machine did not terminate")
+            self.phase = await handlers[self.phase]()
+        return self.row()
+
+    async def _start(self) -> Phase:
+        self.agenda = TopicAgenda(build_tree(self.case), self.rng)
+        return Phase.EXPERIENCE
+
+    async def _experience(self) -> Phase:
+        self.story = await ops.fic_exp_gen(self.call, self.case, self.triple, self.sp_story)
+        time, people, event = self.triple
+        self.patient_system = P.PATIENT_SYSTEM.format(
+            age=self.case.age, gender=P.gender_word(self.case.gender), work=ops.work_text(self.case),
+            time=time, people=people, event=event, story=self.story, **P.case_text(self.case),
+        )
+        return Phase.OPENING
+
+    async def _opening(self) -> Phase:
+        q = await ops.doc_gen(self.call, self.doctor_view(), ops.prompt_gen(self.persona, None, followup=False,
+                              new_topic=False, empathy=""), self.sp_doctor,
+                              {"opening": True, "surname": self.persona.surname})
+        self.turns.append({"speaker": "doctor", "text": q, "topic": "开场"})
+        a = await ops.pat_gen(self.call, self.patient_view(), P.PAT_OPENING, self.sp_patient,
+                              {"opening": True, "complaint": self.case.complaint,
+                               "facts": self.case.present_illness[:300]})
+        self.turns.append({"speaker": "patient", "text": a, "topic": "开场"})
+        self.exchanges += 1
+        return Phase.NEXT_TOPIC
+
+    async def _next_topic(self) -> Phase:
+        assert self.agenda is not None
+        while True:
+            if ops.is_dial_end(self.agenda, self.exchanges, self.cfg.max_exchanges):
+                return Phase.FINAL
+            topic = self.agenda.next()
+            assert topic is not None
+            if self.cfg.dup_detect and topic.group != self.group and topic.kind == "symptom":
+                self.group = topic.group
+                if await self._dup_detect(topic):
+                    continue  # the conversation already covered it
+            self.group = topic.group or self.group
+            self.topic, self.topic_exchanges, self.followup, self.new_topic = topic, 0, False, bool(self.topics)
+            self.topics.append(topic.topic)
+            return Phase.ASK
+
+    async def _dup_detect(self, topic: Topic) -> bool:
+        """DupDetect once per group, over its pending topics; True when ``topic`` itself is covered."""
+        assert self.agenda is not None
+        candidates = [topic] + self.agenda.upcoming_in_group(topic.group)
+        covered = await ops.dup_detect(self.call, self.doctor_view(), candidates, self.patient_text(),
+                                       self.sp_json, self.acct.fallbacks)
+        room = len(self.topics) + len(self.agenda) + 1 - MIN_DOCTOR_TURNS
+        covered = covered[: max(0, room)]
+        self.agenda.remove(c for c in covered if c != topic.id)
+        return topic.id in covered
+
+    async def _ask(self) -> Phase:
+        assert self.topic is not None
+        last_answer = self.turns[-1]["text"] if self.turns else ""
+        empathy = ops.empath_gen(self.persona, last_answer)
+        instruction = ops.prompt_gen(self.persona, self.topic, followup=self.followup, new_topic=self.new_topic,
+                                     empathy=empathy)
+        self.question = await ops.doc_gen(
+            self.call, self.doctor_view(), instruction, self.sp_doctor,
+            {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,
+             "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind},
+        )
+        self.turns.append({"speaker": "doctor", "text": self.question, "topic": self.topic.topic})
+        return Phase.ANSWER
+
+    async def _answer(self) -> Phase:
+        assert self.topic is not None
+        view = self.patient_view()
+        trigger = await ops.trigger_exp(self.call, view, self.topic, self.sp_verdict, self.acct.fallbacks)
+        facts = ops.case_facts(self.case, self.topic)
+        instruction = P.PAT_TOPIC.format(topic=self.topic.topic, facts=facts or P.PAT_NO_FACTS,
+                                         experience=P.PAT_EXPERIENCE if trigger else "")
+        answer = await ops.pat_gen(
+            self.call, view, instruction, self.sp_patient,
+            {"topic": self.topic.topic, "keywords": list(self.topic.keywords), "facts": facts,
+             "experience": self.story, "trigger": trigger, "kind": self.topic.kind, "followup": self.followup,
+             "triple": dict(zip(("time", "people", "event"), self.triple))},
+        )
+        self.turns.append({"speaker": "patient", "text": answer, "topic": self.topic.topic})
+        self.topic_exchanges += 1
+        self.exchanges += 1
+        return Phase.REVIEW
+
+    async def _review(self) -> Phase:
+        assert self.topic is not None and self.agenda is not None
+        answer = self.turns[-1]["text"]
+        if self.topic.kind == "graft" and self.topic_exchanges == 1:
+            grafted = await ops.parse_exp(self.call, self.doctor_view(), self.triple, self.story, self.sp_json,
+                                          self.acct.fallbacks, group=self.topic.group)
+            self.agenda.insert_next(grafted)
+        self.agenda.insert_next(ops.open_probes(self.topic, answer))
+        cap = self.persona.cap(self.topic, self.cfg.max_exchanges_per_topic)
+        if self.exchanges >= self.cfg.max_exchanges or await ops.is_topic_end(
+            self.call, self.doctor_view(), self.topic, self.topic_exchanges, cap, answer, self.sp_verdict,
+            self.acct.fallbacks,
+        ):
+            return Phase.NEXT_TOPIC
+        self.followup = True
+        return Phase.ASK
+
+    async def _final(self) -> Phase:
+        c = self.case
+        self.turns.append({"speaker": "doctor", "topic": "诊断结果",
+                           "text": P.FINAL.format(diagnosis=c.diagnosis, icd=c.icd_code, treatment=c.treatment)})
+        return Phase.DONE
+
+    # --- output ------------------------------------------------------------------------
+
+    def row(self) -> dict[str, Any]:
+        c, a = self.case, self.acct
+        time, people, event = self.triple
+        return {
+            "dialogue_id": self.id,
+            "case_id": c.case_id,
+            "variant": self.variant,
+            "seed": self.seed,
+            "doctor_persona": self.persona.id,
+            "experience": self.story,
+            "experience_triple": {"time": time, "people": people, "event": event},
+            "topics": list(self.topics),
+            "turns": list(self.turns),
+            "icd_code": c.icd_code,
+            "diagnosis": c.diagnosis,
+            "treatment": c.treatment,
+            "gender": c.gender,
+            "age": c.age,
+            "n_turns": sum(1 for t in self.turns if t["speaker"] == "doctor"),
+            "n_exchanges": self.exchanges,
+            "engine": self.engine.name,
+            "model": self.engine.model,
+            "llm_calls": sum(a.calls.values()),
+            "prompt_tokens": sum(a.prompt_tokens.values()),
+            "output_tokens": sum(a.output_tokens.values()),
+            "prompt_tokens_by_role": dict(a.prompt_tokens),
+            "output_tokens_by_role": dict(a.output_tokens),
+            "fallbacks": sum(a.fallbacks.values()),
+            "source": "mdd",
+        }
+
+
+async def run_dialogue(case: Case, variant: int, run_seed: int, engine: EngineBase, cfg: DialogueConfig,
+                       persona: ops.Persona, triple: tuple[str, str, str]) -> tuple[dict[str, Any], Accounting]:
+    d = Dialogue(case, variant, run_seed, engine, cfg, persona, triple)
+    row = await d.run()
+    return row, d.acct

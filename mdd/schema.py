@@ -1,0 +1,152 @@
+"""Arrow schemas of every table the project writes, in one place.
+
+Readers (polars, pandas, HF datasets) see exactly these columns and types.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+TURN = pa.struct(
+    [
+        pa.field("speaker", pa.string(), nullable=False),  # "doctor" | "patient"
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("topic", pa.string()),
+    ]
+)
+
+TOKENS_BY_ROLE = pa.struct(
+    [
+        pa.field("doctor", pa.int64()),
+        pa.field("patient", pa.int64()),
+        pa.field("tool", pa.int64()),
+    ]
+)
+
+# One row per synthesized (or imported) dialogue: OUT/synth/*.parquet
+DIALOGUE = pa.schema(
+    [
+        pa.field("dialogue_id", pa.string(), nullable=False),
+        pa.field("case_id", pa.string(), nullable=False),
+        pa.field("variant", pa.int32(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("doctor_persona", pa.string()),
+        pa.field("experience", pa.string()),  # the fictitious past experience, as told
+        pa.field("experience_triple", pa.struct(
+            [pa.field("time", pa.string()), pa.field("people", pa.string()), pa.field("event", pa.string())]
+        )),
+        pa.field("topics", pa.list_(pa.string())),
+        pa.field("turns", pa.list_(TURN)),
+        pa.field("icd_code", pa.string()),
+        pa.field("diagnosis", pa.string()),
+        pa.field("treatment", pa.string()),
+        pa.field("gender", pa.string()),
+        pa.field("age", pa.int32()),
+        pa.field("n_turns", pa.int32()),  # doctor turns, the last (diagnosis) turn included
+        pa.field("n_exchanges", pa.int32()),  # doctor question + patient answer pairs
+        pa.field("engine", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("llm_calls", pa.int64()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("output_tokens", pa.int64()),
+        pa.field("prompt_tokens_by_role", TOKENS_BY_ROLE),
+        pa.field("output_tokens_by_role", TOKENS_BY_ROLE),
+        pa.field("fallbacks", pa.int64()),  # tool verdicts that fell back to a rule
+        pa.field("source", pa.string()),  # "mdd" for synthesized, "mdd5k" for imported
+    ]
+)
+
+# One row per rejected case: OUT/rejects.parquet
+REJECT = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),  # the file
+        pa.field("position", pa.int64(), nullable=False),  # 0-based index of the record in the file
+        pa.field("case_id", pa.string()),  # null when the record has no usable id
+        pa.field("field", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+# One row per dialogue that failed after its retries: OUT/failures.parquet
+FAILURE = pa.schema(
+    [
+        pa.field("dialogue_id", pa.string(), nullable=False),
+        pa.field("case_id", pa.string(), nullable=False),
+        pa.field("variant", pa.int32(), nullable=False),
+        pa.field("attempts", pa.int32(), nullable=False),
+        pa.field("error", pa.string(), nullable=False),
+    ]
+)
+
+# --- evaluation stage -------------------------------------------------------------
+
+METRICS = (
+    "relevance",
+    "relevance_rank",
+    "faithfulness",
+    "robustness",
+    "specificity",
+    "targetedness",
+    "professionalism",
+    "patient_ability",
+    "doctor_quality",
+    "overall",
+)
+
+# One row per doctor question / patient answer exchange: OUT/eval/turns/
+TURN_EVAL = pa.schema(
+    [
+        pa.field("dialogue_id", pa.string(), nullable=False),
+        pa.field("case_id", pa.string()),
+        pa.field("turn", pa.int32(), nullable=False),
+        pa.field("topic", pa.string()),
+        pa.field("question", pa.string()),
+        pa.field("answer", pa.string()),
+        *[pa.field(m, pa.float64(), nullable=False) for m in METRICS],
+        pa.field("high_quality", pa.bool_(), nullable=False),
+    ]
+)
+
+# One row per dialogue x rule: OUT/eval/rules/
+RULE_RESULT = pa.schema(
+    [
+        pa.field("dialogue_id", pa.string(), nullable=False),
+        pa.field("rule", pa.string(), nullable=False),
+        pa.field("n", pa.int32()),  # the resolved turn; null when skipped before resolution
+        pa.field("triggered", pa.bool_(), nullable=False),  # the rule applied (precondition met, N in range)
+        pa.field("score", pa.float64()),  # 1 passed, 0 failed, null when not triggered
+        pa.field("kwargs", pa.string()),  # JSON evidence
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+# One row per dialogue: OUT/eval/dialogues/
+DIALOGUE_EVAL = pa.schema(
+    [
+        pa.field("dialogue_id", pa.string(), nullable=False),
+        pa.field("case_id", pa.string()),
+        pa.field("n_exchanges", pa.int32(), nullable=False),
+        *[pa.field(m, pa.float64(), nullable=False) for m in METRICS],
+        pa.field("n_high_quality", pa.int32(), nullable=False),
+        pa.field("rules_triggered", pa.int32()),
+        pa.field("rules_passed", pa.int32()),
+    ]
+)
+
+# Sidecar of the FAISS index, keyed by the same int64 ids: OUT/index/qa.parquet
+QA_SIDECAR = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("dialogue_id", pa.string(), nullable=False),
+        pa.field("case_id", pa.string()),
+        pa.field("turn", pa.int32(), nullable=False),
+        pa.field("question", pa.string()),
+        pa.field("answer", pa.string()),
+        pa.field("overall", pa.float64()),
+        pa.field("doctor_quality", pa.float64()),
+        pa.field("patient_ability", pa.float64()),
+        pa.field("diagnosis", pa.string()),
+        pa.field("icd_code", pa.string()),
+        pa.field("topic", pa.string()),
+        pa.field("persona", pa.string()),
+    ]
+)

@@ -1,0 +1,122 @@
+import copy
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mdd.cases import CaseFileError, load_cases, validate_record
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "mdd5k"
+PA20 = SHARED / "cases" / "pa20.json"
+
+
+@pytest.fixture(scope="module")
+def pa20() -> dict:
+    return json.loads(PA20.read_text(encoding="utf-8"))[0]
+
+
+def test_published_case_is_valid_with_sectioned_fields(pa20):
+    case, problems = validate_record(pa20, "pa20.json", 0)
+    assert problems == []
+    assert case.case_id == "1" and case.age == 20 and case.gender == "女"
+    assert case.icd_prefix == "F32" and case.age_band == "teen"
+    assert case.get("个人史.工作、学习情况") == "高一学生。"
+    assert "意识清晰" in case.get("精神检查")
+
+
+def test_string_sections_are_accepted(pa20):
+    rec = dict(pa20, 个人史="足月顺产，高一学生。", 精神检查="意识清晰，情绪低落。")
+    case, problems = validate_record(rec, "f", 0)
+    assert problems == [] and case.section("个人史", "工作、学习情况") == "足月顺产，高一学生。"
+
+
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [
+        (lambda r: r.pop("诊断结果"), "诊断结果", "missing"),
+        (lambda r: r.__setitem__("年龄", "abc"), "年龄", "integer"),
+        (lambda r: r.__setitem__("年龄", 130), "年龄", "1 to 120"),
+        (lambda r: r.__setitem__("性别", "X"), "性别", "男 or 女"),
+        (lambda r: r.__setitem__("主诉", "  "), "主诉", "empty"),
+        (lambda r: r.__setitem__("现病史", 12345), "现病史", "must be text"),
+        (lambda r: r.__setitem__("ICD编码", "depression"), "ICD编码", "ICD-10"),
+        (lambda r: r.__setitem__("现病史", "很" * 20_001), "现病史", "oversized"),
+        (lambda r: r["个人史"].__setitem__("婚恋情况", 3), "个人史.婚恋情况", "must be text"),
+    ],
+)
+def test_each_problem_names_field_and_reason(pa20, mutate, field, words):
+    rec = copy.deepcopy(pa20)
+    mutate(rec)
+    case, problems = validate_record(rec, "cases.json", 7)
+    assert case is None
+    assert [p.field for p in problems] == [field]
+    assert words in problems[0].reason
+    assert problems[0].position == 7 and problems[0].case_id == "1" and problems[0].source == "cases.json"
+
+
+def test_icd_code_forms(pa20):
+    for code in ("F32.901", "F41.200x002", "F39.x00x001", "F32.900,F41.100", "G47.000"):
+        case, problems = validate_record(dict(pa20, ICD编码=code), "f", 0)
+        assert problems == [], code
+    assert validate_record(dict(pa20, ICD编码="F32.900,xx"), "f", 0)[0] is None
+
+
+def test_personal_data_is_masked_and_recorded(pa20):
+    rec = copy.deepcopy(pa20)
+    rec["现病史"] += " 联系电话13812345678，邮箱 a.b@example.com，身份证110101199003071234。"
+    case, problems = validate_record(rec, "f", 0)
+    assert problems == []
+    assert "13812345678" not in case.present_illness and "example.com" not in case.present_illness
+    assert "110101199003071234" not in case.present_illness
+    assert {m.split(":")[1] for m in case.masked} == {"phone", "email", "id_card"}
+
+
+def test_mixed_file_rejects_broken_copies_and_keeps_good(tmp_path, pa20):
+    broken = []
+    for mutate in (lambda r: r.pop("诊断结果"), lambda r: r.__setitem__("年龄", "abc"),
+                   lambda r: r.__setitem__("性别", "X"), lambda r: r.__setitem__("主诉", ""),
+                   lambda r: r.__setitem__("现病史", 42)):
+        r = copy.deepcopy(pa20)
+        mutate(r)
+        broken.append(r)
+    f = tmp_path / "mixed.json"
+    f.write_text(json.dumps([broken[0], pa20, *broken[1:]], ensure_ascii=False), encoding="utf-8")
+    cases, rejects = load_cases(f)
+    assert [c.case_id for c in cases] == ["1"]
+    assert sorted(r.field for r in rejects) == sorted(["诊断结果", "年龄", "性别", "主诉", "现病史"])
+    assert sorted(r.position for r in rejects) == [0, 2, 3, 4, 5]
+
+
+def test_duplicate_ids_are_rejected(tmp_path, pa20):
+    f = tmp_path / "dup.jsonl"
+    f.write_text("\n".join(json.dumps(pa20, ensure_ascii=False) for _ in range(2)), encoding="utf-8")
+    cases, rejects = load_cases(f)
+    assert len(cases) == 1 and len(rejects) == 1 and "duplicate" in rejects[0].reason
+
+
+def test_parquet_and_folder_inputs(tmp_path, pa20):
+    rec = dict(pa20, 个人史=json.dumps(pa20["个人史"], ensure_ascii=False), 精神检查="意识清晰")
+    pq.write_table(pa.Table.from_pylist([rec]), tmp_path / "a.parquet")
+    cases, rejects = load_cases(tmp_path)
+    assert len(cases) == 1 and not rejects
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2", '"just a string"'])
+def test_unparseable_file_is_a_clear_error(tmp_path, content):
+    f = tmp_path / "bad.json"
+    f.write_text(content, encoding="utf-8")
+    with pytest.raises(CaseFileError, match="bad.json"):
+        load_cases(f)
+
+
+def test_sample_cases_cover_the_field():
+    cases, rejects = load_cases(ROOT / "data" / "cases")
+    assert rejects == []
+    assert len(cases) >= 24
+    assert len({c.icd_prefix for c in cases}) >= 8
+    assert min(c.age for c in cases) <= 15 and max(c.age for c in cases) > 60
+    assert {c.gender for c in cases} == {"男", "女"}
+    assert not any(c.masked for c in cases)

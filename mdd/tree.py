@@ -12,6 +12,7 @@ topic, and removes topics the conversation already covered (DupDetect).
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
@@ -104,11 +105,25 @@ def condition_holds(when: dict[str, Any], case: Case) -> bool:
     if "age_max" in when and case.age > int(when["age_max"]):
         return False
     words = when.get("complaint_any")
-    if words:
-        referral = case.complaint + case.present_illness
-        if not any(w in referral for w in words):
-            return False
+    if words and not mentions(case.complaint + "。" + case.present_illness, words):
+        return False
     return True
+
+
+_CLAUSE_END = re.compile(r"[。；;，,！!？?\n]")
+_NEGATION = re.compile(r"否认|没有|无|未|不伴|并非")
+
+
+def mentions(text: str, words: Iterable[str]) -> bool:
+    """Whether the text affirms any of the words: "否认幻听" does not mention 幻听."""
+    for w in words:
+        start = 0
+        while (i := text.find(w, start)) >= 0:
+            start = i + 1
+            clause_start = max((m.end() for m in _CLAUSE_END.finditer(text, 0, i)), default=0)
+            if not _NEGATION.search(text, clause_start, i):
+                return True
+    return False
 
 
 def _prune(node: Topic, case: Case, group: str | None = None) -> Topic | None:

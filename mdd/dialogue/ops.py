@@ -18,7 +18,7 @@ from mdd import knowledge
 from mdd.cases import Case
 from mdd.dialogue import prompts as P
 from mdd.engines.base import Completion, Message, Sampling
-from mdd.tree import Topic, TopicAgenda, experience_topics
+from mdd.tree import Topic, TopicAgenda, experience_topics, mentions
 
 # call(agent, op, messages, sampling, context) -> Completion; the loop's accounting wrapper
 Call = Callable[[str, str, list[Message], Sampling, dict[str, Any]], Awaitable[Completion]]
@@ -100,13 +100,13 @@ def life_situations(case: Case) -> set[str]:
     work = case.section("个人史", "工作、学习情况") + case.section("个人史", "工作情况")
     love = case.section("个人史", "婚恋情况")
     s: set[str] = set()
-    if re.search(r"学生|在读|上学|读书|小学|初中|高中|初[一二三]|高[一二三]|大学|研究生|休学", work) or case.age <= 18:
-        s.add("student")
     if "退休" in work or (case.age >= 60 and not re.search(r"在职|仍在工作|返聘", work)):
         s.add("retired")
-    if not s & {"student", "retired"} or re.search(r"工作|职员|工人|公司|上班|经商|个体|教师|医生|司机|务农", work):
-        if "退休" not in work and case.age >= 16:
-            s.add("worker")
+    elif case.age <= 18 or (case.age <= 35 and re.search(r"学生|在读|上学|读书|初[一二三]|高[一二三]|大[一二三四]|研究生|休学", work)):
+        s.add("student")
+    if "retired" not in s and case.age >= 16 and (
+            "student" not in s or re.search(r"工作|职员|工人|公司|上班|经商|个体|兼职|打工", work)):
+        s.add("worker")
     if re.search(r"已婚|结婚|丈夫|妻子|爱人", love) and "未婚" not in love:
         s.add("married")
     if re.search(r"子|女儿|儿子|孙", love):
@@ -122,6 +122,23 @@ def _item(v: Any) -> tuple[str, dict[str, Any]]:
     return str(v), {}
 
 
+# People named inside an event's text win over the sampled person ("爸爸脾气暴躁" is about 爸爸).
+_NAMED = ("爸爸", "妈妈", "爸妈", "父亲", "母亲", "父母", "继母", "继父", "妻子", "丈夫", "老公", "老婆", "前妻", "前夫",
+          "儿子", "女儿", "孩子", "儿媳", "女婿", "孙子", "孙女", "弟弟", "妹妹", "哥哥", "姐姐", "外公", "外婆", "爷爷",
+          "奶奶", "公公", "婆婆", "岳父", "岳母", "班主任", "老师", "室友", "同桌", "同学", "领导", "老板", "同事", "男朋友",
+          "女朋友", "朋友", "邻居", "老伴")
+_PARTNER_SINGLE = ("男朋友", "女朋友", "恋爱对象", "暧昧对象")
+_PARTNER_MARRIED = ("妻子", "丈夫", "老公", "老婆", "公公", "婆婆", "岳父", "岳母", "儿媳", "女婿")
+
+
+def _person_fits(person: str, situations: set[str]) -> bool:
+    if any(w in person for w in _PARTNER_MARRIED):
+        return "married" in situations or "parent" in situations
+    if any(w in person for w in _PARTNER_SINGLE):
+        return "married" not in situations
+    return True
+
+
 def graph_triples(case: Case) -> list[tuple[str, str, str]]:
     """Every (time, people, event) of the case's knowledge graph consistent with the case."""
     g = knowledge.graph_data(case.gender, case.age_band)
@@ -130,17 +147,21 @@ def graph_triples(case: Case) -> list[tuple[str, str, str]]:
              and case.age <= int(meta.get("max_age", 200))]
     out: list[tuple[str, str, str]] = []
     for grp, people in (g.get("people") or {}).items():
-        events = []
+        fitting = []
+        for person, meta in map(_item, people or []):
+            fits = meta.get("for")
+            if person and (not fits or situations & set(fits)) and _person_fits(person, situations):
+                fitting.append(person)
         for e, meta in map(_item, (g.get("events") or g.get("experience") or {}).get(grp) or []):
             fits = meta.get("for")
-            if e and (not fits or situations & set(fits)):
-                events.append(e)
-        for person in people or []:
-            if not person:
+            if not e or (fits and not situations & set(fits)):
                 continue
-            for e in events:
+            named = next((w for w in _NAMED if w in e), None)
+            if named is not None and not _person_fits(named, situations):
+                continue
+            for person in ([named] if named else fitting):
                 for t in times:
-                    out.append((t, str(person), e))
+                    out.append((t, person, e))
     return out
 
 
@@ -179,7 +200,7 @@ async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], samp
     ]
     out = await call("tool", "FicExpGen", msgs, sampling, ctx)
     text = out.text.strip()
-    return text or f"{time}，{people}{event}，那段时间我心里一直很难受。"
+    return text or f"{time}，{triple_phrase(people, event)}，那段时间我心里一直很难受。"
 
 
 # --- symbolic operations ----------------------------------------------------------------
@@ -230,8 +251,18 @@ def case_facts(case: Case, topic: Topic, limit: int = 360) -> str:
 
 
 def open_probes(topic: Topic, answer: str) -> list[Topic]:
-    """Skip logic: a topic's follow-up probes open only when the answer warrants them."""
-    return [p for p in topic.probes if p.if_answer and any(w in answer for w in p.if_answer)]
+    """Skip logic: a topic's follow-up probes open only when the answer affirms one of their cues."""
+    return [p for p in topic.probes if p.if_answer and mentions(answer, p.if_answer)]
+
+
+def triple_phrase(people: str, event: str) -> str:
+    """"班主任" + "当众贬低" → "班主任当众贬低"; an event that already names the person stays as it is."""
+    return event if people and people in event else f"{people}{event}"
+
+
+def short_point(text: str, limit: int = 15) -> str:
+    """A topic label: the text up to its first clause break, at most ``limit`` characters."""
+    return re.split(r"[，,。；;]", text, maxsplit=1)[0][:limit]
 
 
 # --- LLM verdicts with rule fallbacks ---------------------------------------------------
@@ -323,7 +354,7 @@ async def dup_detect(call: Call, doctor_view: list[Message], candidates: list[To
 
 def parse_exp_rule(triple: tuple[str, str, str]) -> list[str]:
     time, people, event = triple
-    return [f"{people}{event}"[:15], f"{time}那件事后的感受"[:15]]
+    return [short_point(triple_phrase(people, event)), f"{time}那件事后的感受"[:15]]
 
 
 async def parse_exp(call: Call, doctor_view: list[Message], triple: tuple[str, str, str], story: str,

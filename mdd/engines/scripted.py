@@ -13,6 +13,7 @@ import random
 import re
 from typing import Any
 
+from mdd.dialogue.ops import short_point, triple_phrase
 from mdd.engines.base import Completion, EngineBase, Request
 
 _GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。", "你好，我姓{s}，是今天的接诊医生。")
@@ -103,7 +104,11 @@ class ScriptedEngine(EngineBase):
         story = ""
         if ctx.get("trigger"):
             t = ctx.get("triple") or {}
-            story = f"{t.get('time', '')}，{t.get('people', '')}{t.get('event', '')}，那之后我心里一直放不下。"
+            told = _clauses(ctx.get("experience", ""))
+            if ctx.get("kind") == "experience" and len(told) > 2:
+                story = "，".join(rng.sample(told[1:], min(3, len(told) - 1))) + "。"
+            else:
+                story = f"{t.get('time', '')}，{triple_phrase(t.get('people', ''), t.get('event', ''))}，那之后我心里一直放不下。"
         if not picked and not story:
             return rng.choice(_DENY)
         body = "，".join(picked)
@@ -115,7 +120,7 @@ class ScriptedEngine(EngineBase):
     def _FicExpGen(self, ctx: dict[str, Any], rng: random.Random) -> str:
         t = ctx["triple"]
         feel = rng.choice(("很委屈", "特别无助", "又生气又难过", "很害怕"))
-        return (f"{t['time']}，{t['people']}{t['event']}。那段时间我{feel}，不知道该跟谁说，"
+        return (f"{t['time']}，{triple_phrase(t['people'], t['event'])}。那段时间我{feel}，不知道该跟谁说，"
                 f"晚上常常一个人想这件事。后来虽然表面上过去了，但我一直没真正放下，"
                 f"现在一遇到类似的情况，心里就会发紧。")
 
@@ -123,7 +128,7 @@ class ScriptedEngine(EngineBase):
         answer = ctx.get("answer", "")
         if any(answer.startswith(d.rstrip("。")[:2]) for d in _DENY) or len(answer) > 60:
             return "是"
-        return "是" if rng.random() < 0.5 else "否"
+        return "是" if rng.random() < 0.65 else "否"
 
     def _TriggerExp(self, ctx: dict[str, Any], rng: random.Random) -> str:
         return "是" if ctx.get("kind") == "experience" or rng.random() < 0.3 else "否"
@@ -136,5 +141,5 @@ class ScriptedEngine(EngineBase):
 
     def _ParseExp(self, ctx: dict[str, Any], rng: random.Random) -> str:
         t = ctx["triple"]
-        points = [f"{t['people']}{t['event']}"[:15], "这件事对我的影响", "当时的感受"]
+        points = [short_point(triple_phrase(t["people"], t["event"])), "这件事带来的影响", "当时的感受和应对"]
         return json.dumps({"points": points[: rng.choice((2, 3))]}, ensure_ascii=False)

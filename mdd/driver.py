@@ -273,9 +273,13 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
     sc = cfg.synth
     by_id = {c.case_id: c for c in cases}
     per_worker = max(1, math.ceil(sc.in_flight / sc.num_workers))
-    Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per_worker, max_restarts=3)
+    Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per_worker)
     cases_ref = ray.put(by_id)
-    workers = [Worker.remote(cases_ref, engine, sc.dialogue, sc.seed) for _ in range(sc.num_workers)]
+
+    def new_worker() -> Any:
+        return Worker.remote(cases_ref, engine, sc.dialogue, sc.seed)
+
+    workers = [new_worker() for _ in range(sc.num_workers)]
     ray.get([w.ready.remote() for w in workers])
 
     shard_of: dict[str, int] = {}
@@ -290,17 +294,17 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
             queue.append(it)
     queue.reverse()  # pop() from the end keeps plan order
     attempts: Counter = Counter()
-    inflight: dict[Any, Item] = {}
+    inflight: dict[Any, tuple[Item, int, Any]] = {}
     rr = 0
     bar = tqdm(total=total, initial=initial, unit="dlg", desc="dialogues", disable=not progress,
                dynamic_ncols=True, file=sys.stderr)
 
     def submit(it: Item) -> None:
         nonlocal rr
-        w = workers[rr % len(workers)]
+        k = rr % len(workers)
         rr += 1
         attempts[it.dialogue_id] += 1
-        inflight[w.run.remote(it.case_id, it.variant)] = it
+        inflight[workers[k].run.remote(it.case_id, it.variant)] = (it, k, workers[k])
 
     def settle(it: Item, row: dict[str, Any] | None, error: str | None) -> None:
         si = shard_of[it.dialogue_id]
@@ -326,10 +330,15 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                 submit(queue.pop())
             ready, _ = ray.wait(list(inflight), num_returns=1)
             for ref in ready:
-                it = inflight.pop(ref)
+                it, k, handle = inflight.pop(ref)
                 try:
                     res = ray.get(ref)
-                except ray.exceptions.RayError as exc:  # the worker itself died
+                except ray.exceptions.RayActorError as exc:  # the worker process died: replace it
+                    res = {"ok": False, "retriable": True, "error": f"worker died: {exc}"}
+                    if workers[k] is handle:
+                        log.warning("dialogue worker %d died; starting a new one", k)
+                        workers[k] = new_worker()
+                except ray.exceptions.RayError as exc:
                     res = {"ok": False, "retriable": True, "error": f"worker: {type(exc).__name__}: {exc}"}
                 if res["ok"]:
                     stats.add(res)

@@ -136,3 +136,10 @@ def test_bad_verdicts_fall_back_and_still_end(pa20):
 def test_dialogue_cap_is_hard(pa20):
     row, _ = dialogue(pa20, 0, cfg=DialogueConfig(max_exchanges=12))
     assert row["n_exchanges"] <= 12 and row["n_turns"] == row["n_exchanges"] + 1
+
+
+def test_context_budget_ends_the_dialogue_early(pa20):
+    full, _ = dialogue(pa20, 0)
+    short, _ = dialogue(pa20, 0, cfg=DialogueConfig(max_context_tokens=2500))
+    assert short["n_exchanges"] < full["n_exchanges"]
+    assert pa20.diagnosis in short["turns"][-1]["text"]

@@ -75,6 +75,7 @@ class Dialogue:
         self.topic: Topic | None = None
         self.topic_exchanges = 0
         self.exchanges = 0
+        self.context_used = 0  # the longest prompt so far plus room for two answers
         self.group = ""
         self.followup = False
         self.new_topic = False
@@ -103,6 +104,7 @@ class Dialogue:
         c = await self.engine.generate(Request(messages=tuple(messages), sampling=seeded, agent=agent, op=op,
                                                session=self.id, context=ctx))
         self.acct.add(agent, op, c)
+        self.context_used = max(self.context_used, c.prompt_tokens + 2 * sampling.max_tokens)
         return c
 
     # --- the two agents' views of the history (append-only) -------------------------------
@@ -176,7 +178,8 @@ class Dialogue:
     async def _next_topic(self) -> Phase:
         assert self.agenda is not None
         while True:
-            if ops.is_dial_end(self.agenda, self.exchanges, self.cfg.max_exchanges):
+            if ops.is_dial_end(self.agenda, self.exchanges, self.cfg.max_exchanges, self.context_used,
+                               self.cfg.max_context_tokens):
                 return Phase.FINAL
             topic = self.agenda.next()
             assert topic is not None

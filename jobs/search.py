@@ -1,0 +1,43 @@
+"""Search the FAISS index of high-quality QA pairs.
+
+    python -m jobs.search --out DIR -k 5 "最近睡眠怎么样"
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _short(text: str | None, n: int = 80) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mdd search", description="nearest high-quality QA pairs")
+    ap.add_argument("--out", required=True, help="run folder holding index/")
+    ap.add_argument("-k", type=int, default=5, help="number of pairs")
+    ap.add_argument("--full", action="store_true", help="print whole questions and answers")
+    ap.add_argument("text", nargs="+", help="query text")
+    args = ap.parse_args(argv)
+    from mdd.index import search
+
+    try:
+        hits = search(args.out, " ".join(args.text), args.k)
+    except FileNotFoundError as exc:
+        print(f"search: {exc}", file=sys.stderr)
+        return 2
+    if not hits:
+        print("no results (empty index)")
+        return 0
+    n = 100000 if args.full else 80
+    for rank, h in enumerate(hits, 1):
+        print(f"{rank}. score={h['score']:.3f}  {h['dialogue_id']} turn {h['turn']}  "
+              f"diagnosis={h.get('diagnosis') or '-'} ({h.get('icd_code') or '-'})")
+        print(f"   问: {_short(h.get('question'), n)}")
+        print(f"   答: {_short(h.get('answer'), n)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

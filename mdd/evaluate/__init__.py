@@ -1,0 +1,1 @@
+"""Evaluation stage: quality metrics, rule judge, FAISS index."""

@@ -1,0 +1,134 @@
+"""Benchmark pieces: the reference implementation's prompt layout, call-for-call replays, and
+engine-capacity baselines. ``jobs/benchmark.py`` runs them in one process on one engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
+
+REF_WINDOW = 8  # the reference pastes the last 6-8 turns; 8 is the generous end
+TOOL_SYSTEM = "你是医患对话分析助手，请根据给出的对话内容完成判断。"
+
+
+class Recording(EngineBase):
+    """Wraps an engine and keeps every request with its completion, per dialogue."""
+
+    def __init__(self, inner: EngineBase):
+        self.inner, self.name, self.model = inner, inner.name, inner.model
+        self.calls: dict[str, list[tuple[Request, Completion]]] = {}
+
+    async def generate(self, request: Request) -> Completion:
+        c = await self.inner.generate(request)
+        self.calls.setdefault(request.session, []).append((request, c))
+        return c
+
+
+def _split_instruction(text: str) -> tuple[str, str]:
+    """The last user message is "<history turn>\\n\\n<instruction>" (see ops._with_instruction)."""
+    head, sep, tail = text.rpartition("\n\n【")
+    return (head, "【" + tail) if sep else (text, "")
+
+
+def _turns(messages: tuple[Message, ...], agent: str) -> tuple[list[str], str]:
+    """(history turns as "医生：…/患者：…" lines, the per-call instruction) from an append-only prompt."""
+    body = list(messages[1:])
+    instruction = ""
+    if body and body[-1].role == "user":
+        last, instruction = _split_instruction(body[-1].content)
+        body[-1] = Message("user", last)
+    doctor_role = "assistant" if agent != "patient" else "user"
+    lines = []
+    for m in body:
+        if m.content.startswith("（") and m.content.endswith("）"):
+            continue  # the stage direction that opens the doctor's view
+        who = "医生" if m.role == doctor_role else "患者"
+        lines.append(f"{who}：{m.content}")
+    return lines, instruction
+
+
+def reference_layout(request: Request) -> Request:
+    """The same call as the reference implementation lays it out.
+
+    Doctor and patient calls: one fresh user message pasting the persona (and case) and the
+    last 6-8 turns, then the instruction. Topic-end verdicts: a fresh prompt over the
+    current topic's turns. Other tool calls: a fresh prompt over the recent turns.
+    """
+    if request.op == "FicExpGen":  # already a fresh prompt in both layouts
+        return request
+    msgs = request.messages
+    if request.op in ("DocGen", "PatGen") or request.agent in ("doctor", "patient"):
+        lines, instruction = _turns(msgs, request.agent)
+        text = f"{msgs[0].content}\n\n最近的对话：\n" + "\n".join(lines[-REF_WINDOW:]) + f"\n\n{instruction}"
+        return replace(request, messages=(Message("user", text),))
+    lines, instruction = _turns(msgs, "patient" if request.op == "TriggerExp" else "doctor")
+    if request.op == "IsTopicEnd":
+        n = 2 * int(request.context.get("exchanges", 1) or 1)
+        lines = lines[-n:]
+    else:
+        lines = lines[-REF_WINDOW:]
+    text = "对话内容：\n" + "\n".join(lines) + f"\n\n{instruction}"
+    return replace(request, messages=(Message("system", TOOL_SYSTEM), Message("user", text)))
+
+
+def prefill_only(request: Request) -> Request:
+    """The call with one output token: a replay measures prompt processing only."""
+    s = request.sampling
+    return replace(request, sampling=Sampling(temperature=0.0, top_p=1.0, max_tokens=1, seed=s.seed))
+
+
+async def replay(engine: EngineBase, dialogues: dict[str, list[Request]], concurrency: int) -> float:
+    """Each dialogue's calls in order (a dialogue is sequential), dialogues side by side."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(reqs: list[Request]) -> None:
+        async with sem:
+            for r in reqs:
+                await engine.generate(r)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(r) for r in dialogues.values()))
+    return time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class CallShape:
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+def shaped_prompts(shapes: list[CallShape], vocab: int, seed: int = 0) -> list[list[int]]:
+    """Token prompts with the same lengths and the same cache behaviour as the logged calls:
+    the cached part is a prefix of one shared sequence (it hits the cache as the original
+    did), the rest is fresh random tokens (it misses, as the original did)."""
+    rng = random.Random(seed)
+    lo = 10  # stay clear of special tokens at the bottom of the vocabulary
+    longest = max((s.cached_tokens for s in shapes), default=0)
+    shared = [rng.randrange(lo, vocab) for _ in range(longest)]
+    return [shared[: s.cached_tokens] + [rng.randrange(lo, vocab) for _ in range(s.prompt_tokens - s.cached_tokens)]
+            for s in shapes]
+
+
+async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], concurrency: int) -> dict[str, float]:
+    """Independent requests with forced output lengths (ignore EOS), ``concurrency`` in flight."""
+    sem = asyncio.Semaphore(concurrency)
+    done = {"output_tokens": 0}
+
+    async def one(i: int) -> None:
+        async with sem:
+            out = await actor.generate_tokens.remote(prompts[i], outputs[i], f"shape-{i}")
+            done["output_tokens"] += int(out["output_tokens"])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "output_tokens": done["output_tokens"], "output_tok_s": done["output_tokens"] / wall}
+
+
+def sum_counters(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after if isinstance(after.get(k), (int, float))}

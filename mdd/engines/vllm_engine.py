@@ -1,0 +1,567 @@
+"""vLLM engines hosted in Ray actors, and the pool client the dialogue workers call.
+
+Layout::
+
+    driver: VLLMPoolEngine.launch(cfg) ──starts──> EngineActor × num_engines (one AsyncLLM each)
+    workers: pickled VLLMPoolEngine.generate(request) ──Ray call──> EngineActor.generate(...)
+
+* One :class:`EngineActor` per GPU (``num_gpus=num_gpus_per_engine``) for TP=1. For
+  ``tensor_parallel_size > 1`` the actor runs inside a STRICT_PACK placement group with one
+  CPU bundle for itself plus TP one-GPU bundles, and vLLM is started with
+  ``distributed_executor_backend="ray"`` so its TP workers land in that group (vLLM picks up
+  the actor's current placement group). That path is written but cannot be exercised on the
+  CPU-only development machines.
+* A dialogue (``Request.session``) sticks to one engine so its append-only prompts hit that
+  engine's prefix cache; a new session goes to the least-loaded engine.
+* An engine actor that died (or whose vLLM core died) raises :class:`EngineError`; the sticky
+  entry is dropped so the caller's retry of the whole dialogue lands on a live engine. Actors
+  are restarted by Ray up to ``max_restarts`` times; tasks are never retried by Ray
+  (``max_task_retries=0``), the dialogue loop decides.
+
+vLLM is imported only inside the actor process: unpickling the client in a worker imports
+Ray, not vLLM.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from mdd.engines.base import Completion, EngineBase, EngineError, Request, Sampling
+
+log = logging.getLogger(__name__)
+
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_HITS = "vllm:prefix_cache_hits"
+
+
+class EngineDeadError(RuntimeError):
+    """Raised inside the actor when its vLLM engine core died; the actor then exits so Ray
+    restarts it. Crosses Ray as ``RayTaskError(EngineDeadError)``."""
+
+
+def sampling_to_dict(s: Sampling) -> dict[str, Any]:
+    """A plain, picklable form of :class:`Sampling` (what crosses the Ray call)."""
+    return {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_tokens": s.max_tokens,
+        "frequency_penalty": s.frequency_penalty,
+        "seed": s.seed,
+        "choice": list(s.choice) if s.choice is not None else None,
+        "json_schema": s.json_schema,
+    }
+
+
+def build_sampling_params(d: dict[str, Any], max_tokens: int | None = None) -> Any:
+    """``Sampling`` dict → ``vllm.SamplingParams`` (structured outputs via
+    ``StructuredOutputsParams``; final output only, no streaming deltas)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    structured = None
+    if d.get("choice"):
+        structured = StructuredOutputsParams(choice=list(d["choice"]))
+    elif d.get("json_schema") is not None:
+        structured = StructuredOutputsParams(json=d["json_schema"])
+    return SamplingParams(
+        temperature=float(d.get("temperature", 0.7)),
+        top_p=float(d.get("top_p", 1.0)),
+        max_tokens=int(max_tokens if max_tokens is not None else d.get("max_tokens", 256)),
+        frequency_penalty=float(d.get("frequency_penalty", 0.0)),
+        seed=d.get("seed"),
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """Every ``VLLMOptions`` field → ``AsyncEngineArgs`` keyword arguments."""
+    tp = int(opts.get("tensor_parallel_size", 1))
+    kw: dict[str, Any] = {
+        "model": model,
+        "max_num_seqs": int(opts["max_num_seqs"]),
+        "max_num_batched_tokens": int(opts["max_num_batched_tokens"]),
+        "gpu_memory_utilization": float(opts["gpu_memory_utilization"]),
+        "max_model_len": int(opts["max_model_len"]),
+        "dtype": opts.get("dtype", "auto"),
+        "enable_prefix_caching": bool(opts.get("enable_prefix_caching", True)),
+        "enforce_eager": bool(opts.get("enforce_eager", False)),
+        "tensor_parallel_size": tp,
+        "disable_log_stats": False,  # keep the Prometheus counters (prefix cache) alive
+    }
+    if tp > 1:
+        kw["distributed_executor_backend"] = "ray"
+    kw.update(opts.get("extra") or {})
+    return kw
+
+
+@ray.remote
+class EngineActor:
+    """One vLLM v1 ``AsyncLLM`` in a Ray actor (async methods: many calls in flight)."""
+
+    def __init__(self, model: str, opts: dict[str, Any], index: int = 0) -> None:
+        kv = opts.get("kv_cache_space_gib")
+        if kv is not None:
+            # Read by the CPU build when the engine core starts (a spawned child inherits it).
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(float(kv)))))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.index = index
+        self.model = model
+        self.max_model_len = int(opts["max_model_len"])
+        t0 = time.monotonic()
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args_kwargs(model, opts)))
+        self.start_s = time.monotonic() - t0
+        self.tokenizer = self._load_tokenizer(model, opts)
+        self.in_flight = 0
+        self.requests = 0
+        self.errors = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.cached_tokens = 0
+        # (prompt, cached, output) tokens of every request: the benchmark replays these shapes
+        self.call_log: list[tuple[int, int, int]] = []
+
+    def _load_tokenizer(self, model: str, opts: dict[str, Any]) -> Any:
+        tok = getattr(self.llm, "tokenizer", None)
+        if tok is not None and hasattr(tok, "apply_chat_template") and hasattr(tok, "encode"):
+            return tok
+        from transformers import AutoTokenizer
+
+        extra = opts.get("extra") or {}
+        return AutoTokenizer.from_pretrained(
+            extra.get("tokenizer") or model, trust_remote_code=bool(extra.get("trust_remote_code"))
+        )
+
+    def ready(self) -> dict[str, Any]:
+        return {"index": self.index, "model": self.model, "start_s": self.start_s, "pid": os.getpid()}
+
+    def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def generate(
+        self, messages: list[dict[str, str]], sampling: dict[str, Any], request_id: str
+    ) -> dict[str, Any]:
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDead
+
+        ids = self._prompt_ids(messages)
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens does not fit max_model_len={self.max_model_len}"
+            )
+        params = build_sampling_params(sampling, max_tokens=min(int(sampling["max_tokens"]), room))
+        self.in_flight += 1
+        self.requests += 1
+        final = None
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id):
+                final = out
+        except VLLMEngineDead as exc:
+            self.errors += 1
+            self._exit_soon()
+            raise EngineDeadError(f"engine {self.index}: vLLM engine core died: {exc}") from None
+        except BaseException:
+            self.errors += 1
+            raise
+        finally:
+            self.in_flight -= 1
+        if final is None or not final.outputs:
+            raise RuntimeError(f"engine {self.index}: no output for request {request_id}")
+        comp = final.outputs[0]
+        n_prompt = len(final.prompt_token_ids or ids)
+        n_out = len(comp.token_ids)
+        cached = int(getattr(final, "num_cached_tokens", 0) or 0)
+        self.prompt_tokens += n_prompt
+        self.output_tokens += n_out
+        self.cached_tokens += cached
+        if len(self.call_log) < 1_000_000:
+            self.call_log.append((n_prompt, cached, n_out))
+        return {
+            "text": comp.text,
+            "prompt_tokens": n_prompt,
+            "output_tokens": n_out,
+            "cached_tokens": cached,
+            "finish_reason": comp.finish_reason or "stop",
+        }
+
+    def _exit_soon(self) -> None:
+        """The engine core is gone: leave so Ray restarts this actor (max_restarts)."""
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.5, os._exit, 1)
+
+    def stats(self) -> dict[str, Any]:
+        s: dict[str, Any] = {
+            "index": self.index,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "errors": self.errors,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+        queries = hits = None
+        try:
+            from vllm.v1.metrics.reader import get_metrics_snapshot
+
+            for m in get_metrics_snapshot():
+                name = m.name.removesuffix("_total")
+                if name == PREFIX_QUERIES:
+                    queries = (queries or 0) + int(getattr(m, "value", 0))
+                elif name == PREFIX_HITS:
+                    hits = (hits or 0) + int(getattr(m, "value", 0))
+        except Exception:  # pragma: no cover - metrics are best effort
+            pass
+        if queries is None or hits is None:  # fall back to our own per-request counts
+            s["prefix_cache_queries"] = self.prompt_tokens
+            s["prefix_cache_hits"] = self.cached_tokens
+            s["prefix_cache_source"] = "requests"
+        else:
+            s["prefix_cache_queries"] = queries
+            s["prefix_cache_hits"] = hits
+            s["prefix_cache_source"] = "vllm"
+        return s
+
+    def take_log(self) -> list[tuple[int, int, int]]:
+        """The (prompt, cached, output) token counts of the requests since the last call."""
+        out, self.call_log = self.call_log, []
+        return out
+
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    async def generate_tokens(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> dict[str, Any]:
+        """A raw request with a forced output length (benchmark baseline: no chat template, no EOS)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(temperature=0.0, max_tokens=max(1, int(max_tokens)), ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
+            final = out
+        n_out = len(final.outputs[0].token_ids) if final is not None and final.outputs else 0
+        return {"output_tokens": n_out, "cached_tokens": int(getattr(final, "num_cached_tokens", 0) or 0)}
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(await self.llm.reset_prefix_cache())
+
+    def shutdown(self) -> None:
+        try:
+            self.llm.shutdown()
+        except Exception:  # pragma: no cover
+            pass
+
+
+_SUM_KEYS = (
+    "in_flight",
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+)
+
+
+class VLLMPoolEngine(EngineBase):
+    """Client of a pool of :class:`EngineActor` s; picklable (actor handles only).
+
+    Routing state (sticky sessions, local load) lives per process and is not pickled.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        actors: list[Any],
+        model: str,
+        *,
+        placement_groups: list[Any] | None = None,
+        stats_refresh_s: float = 5.0,
+        session_ttl_s: float = 900.0,
+        max_sessions: int = 200_000,
+    ) -> None:
+        if not actors:
+            raise ValueError("VLLMPoolEngine needs at least one engine actor")
+        self.actors = list(actors)
+        self.model = model
+        self.placement_groups = list(placement_groups or [])
+        self.stats_refresh_s = stats_refresh_s
+        self.session_ttl_s = session_ttl_s
+        self.max_sessions = max_sessions
+        self.launch_info: list[dict[str, Any]] = []
+        self.launch_s = 0.0
+        self._init_local()
+
+    # ----- per-process routing state -------------------------------------------------
+    def _init_local(self) -> None:
+        n = len(self.actors)
+        self._sticky: OrderedDict[str, tuple[int, float]] = OrderedDict()  # session -> (engine, last use)
+        self._sessions = [0] * n  # sessions assigned by this client, per engine
+        self._inflight = [0] * n  # calls in flight from this client, per engine
+        self._remote_inflight = [0] * n  # in flight on the engine (all clients), last refresh
+        self._local_at_refresh = [0] * n
+        self._down_until = [0.0] * n
+        self._last_refresh = 0.0
+        self._refreshing = False
+        self._refresh_task: asyncio.Task | None = None
+        self._rr = random.randrange(n)
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("actors", "model", "placement_groups", "stats_refresh_s", "session_ttl_s", "max_sessions", "launch_info", "launch_s")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    # ----- launch (driver) ------------------------------------------------------------
+    @classmethod
+    def launch(cls, cfg: Any) -> "VLLMPoolEngine":
+        """Start ``cfg.vllm.num_engines`` engine actors and wait until all are ready."""
+        from mdd.engines.tiny_model import resolve_model
+
+        if not ray.is_initialized():
+            from mdd.config import RayConfig
+            from mdd.raylib import init_ray
+
+            init_ray(RayConfig())
+        t_launch = time.monotonic()
+        o = cfg.vllm
+        model = resolve_model(cfg.model)
+        opts = o.model_dump()
+        tp = int(o.tensor_parallel_size)
+        actors: list[Any] = []
+        pgs: list[Any] = []
+        max_conc = max(1000, 4 * int(o.max_num_seqs))
+        base_opts: dict[str, Any] = {
+            "max_restarts": int(o.max_restarts),
+            "max_task_retries": 0,
+            "max_concurrency": max_conc,
+        }
+        try:
+            for i in range(int(o.num_engines)):
+                if tp == 1:
+                    a = EngineActor.options(
+                        num_cpus=o.num_cpus_per_engine, num_gpus=o.num_gpus_per_engine, **base_opts
+                    ).remote(model, opts, i)
+                else:
+                    from ray.util.placement_group import placement_group
+                    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                    # bundle 0: the actor (AsyncLLM front end); bundles 1..TP: one GPU per TP worker
+                    bundles = [{"CPU": max(o.num_cpus_per_engine, 1.0)}] + [
+                        {"GPU": 1.0, "CPU": 1.0} for _ in range(tp)
+                    ]
+                    pg = placement_group(bundles, strategy="STRICT_PACK")
+                    pgs.append(pg)
+                    ray.get(pg.ready(), timeout=o.startup_timeout_s)
+                    a = EngineActor.options(
+                        num_cpus=max(o.num_cpus_per_engine, 1.0),
+                        num_gpus=0,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=pg,
+                            placement_group_bundle_index=0,
+                            placement_group_capture_child_tasks=True,
+                        ),
+                        **base_opts,
+                    ).remote(model, opts, i)
+                actors.append(a)
+            t0 = time.monotonic()
+            info = ray.get([a.ready.remote() for a in actors], timeout=o.startup_timeout_s)
+            log.info("vllm: %d engine(s) ready in %.1fs: %s", len(actors), time.monotonic() - t0, info)
+        except BaseException as exc:
+            for a in actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:
+                    pass
+            _remove_pgs(pgs)
+            if isinstance(exc, GetTimeoutError):
+                raise EngineError(f"vllm: engines not ready after {o.startup_timeout_s}s") from exc
+            if isinstance(exc, (RayActorError, RayTaskError)):
+                raise EngineError(f"vllm: an engine failed to start (model {model!r}): {exc}") from exc
+            raise
+        pool = cls(actors, model, placement_groups=pgs, stats_refresh_s=o.stats_refresh_s)
+        pool.launch_info = info
+        pool.launch_s = time.monotonic() - t_launch
+        return pool
+
+    # ----- routing ---------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        while self._sticky:
+            sess, (idx, last) = next(iter(self._sticky.items()))
+            if len(self._sticky) <= self.max_sessions and now - last < self.session_ttl_s:
+                break
+            self._sticky.popitem(last=False)
+            self._sessions[idx] = max(0, self._sessions[idx] - 1)
+
+    def _score(self, i: int, now: float) -> tuple[float, ...]:
+        others = max(0, self._remote_inflight[i] - self._local_at_refresh[i])
+        down = 1 if self._down_until[i] > now else 0
+        return (down, self._sessions[i] + others, self._inflight[i], (i - self._rr) % len(self.actors))
+
+    def engine_for(self, session: str) -> int:
+        """The engine index serving ``session`` (assigning one if new)."""
+        now = time.monotonic()
+        if session and session in self._sticky:
+            idx, _ = self._sticky[session]
+            self._sticky[session] = (idx, now)
+            self._sticky.move_to_end(session)
+            return idx
+        self._expire(now)
+        idx = min(range(len(self.actors)), key=lambda i: self._score(i, now))
+        self._rr = (self._rr + 1) % len(self.actors)
+        if session:
+            self._sticky[session] = (idx, now)
+            self._sessions[idx] += 1
+        return idx
+
+    def end_session(self, session: str) -> None:
+        """Release a finished dialogue's sticky slot (optional; idle sessions also expire)."""
+        ent = self._sticky.pop(session, None)
+        if ent is not None:
+            self._sessions[ent[0]] = max(0, self._sessions[ent[0]] - 1)
+
+    def _mark_down(self, idx: int, session: str) -> None:
+        self.end_session(session)
+        self._down_until[idx] = time.monotonic() + 30.0
+        # Every session on a dead engine lost its cache and its calls: send retries elsewhere.
+        for s in [s for s, (i, _) in self._sticky.items() if i == idx]:
+            self.end_session(s)
+
+    def _maybe_refresh(self) -> None:
+        now = time.monotonic()
+        if self._refreshing or now - self._last_refresh < self.stats_refresh_s:
+            return
+        self._refreshing = True
+        self._last_refresh = now
+        try:  # keep a reference: the loop holds tasks only weakly
+            self._refresh_task = asyncio.get_running_loop().create_task(self._refresh())
+        except RuntimeError:
+            self._refreshing = False
+
+    async def _refresh(self) -> None:
+        try:
+            for i, a in enumerate(self.actors):
+                try:
+                    s = await asyncio.wait_for(_await_ref(a.stats.remote()), timeout=5.0)
+                    self._remote_inflight[i] = int(s.get("in_flight", 0))
+                    self._local_at_refresh[i] = self._inflight[i]
+                except Exception:
+                    pass
+        finally:
+            self._refreshing = False
+
+    # ----- calls -----------------------------------------------------------------------
+    async def generate(self, request: Request) -> Completion:
+        idx = self.engine_for(request.session)
+        self._maybe_refresh()
+        rid = f"{request.session or 'call'}-{request.op or request.agent}-{uuid.uuid4().hex[:12]}"
+        msgs = [m.as_dict() for m in request.messages]
+        self._inflight[idx] += 1
+        ref = None
+        try:
+            ref = self.actors[idx].generate.remote(msgs, sampling_to_dict(request.sampling), rid)
+            out = await ref
+        except asyncio.CancelledError:
+            if ref is not None:
+                try:
+                    ray.cancel(ref)  # aborts the vLLM request inside the actor
+                except Exception:
+                    pass
+            raise
+        except RayActorError as exc:
+            self._mark_down(idx, request.session)
+            raise EngineError(f"vllm engine {idx} is unavailable: {type(exc).__name__}: {exc}") from exc
+        except EngineDeadError as exc:  # RayTaskError(EngineDeadError)
+            self._mark_down(idx, request.session)
+            raise EngineError(f"vllm engine {idx}: engine core died") from exc
+        finally:
+            self._inflight[idx] -= 1
+        return Completion(
+            text=out["text"],
+            prompt_tokens=int(out["prompt_tokens"]),
+            output_tokens=int(out["output_tokens"]),
+            cached_tokens=int(out["cached_tokens"]),
+            finish_reason=str(out["finish_reason"]),
+        )
+
+    # ----- driver-side helpers -----------------------------------------------------------
+    def engine_stats(self, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """Per-engine stats; an engine that does not answer reports ``{"index": i, "down": 1}``."""
+        out: list[dict[str, Any]] = []
+        refs = [a.stats.remote() for a in self.actors]
+        for i, r in enumerate(refs):
+            try:
+                out.append(ray.get(r, timeout=timeout))
+            except Exception:
+                out.append({"index": i, "down": 1})
+        return out
+
+    async def aengine_stats(self) -> list[dict[str, Any]]:
+        res = await asyncio.gather(*[_await_ref(a.stats.remote()) for a in self.actors], return_exceptions=True)
+        return [r if isinstance(r, dict) else {"index": i, "down": 1} for i, r in enumerate(res)]
+
+    @staticmethod
+    def aggregate(stats: list[dict[str, Any]]) -> dict[str, float]:
+        agg: dict[str, float] = {k: 0.0 for k in _SUM_KEYS}
+        for s in stats:
+            for k in _SUM_KEYS:
+                agg[k] += float(s.get(k, 0) or 0)
+        agg["engines"] = float(len(stats))
+        agg["engines_down"] = float(sum(1 for s in stats if s.get("down")))
+        q = agg["prefix_cache_queries"]
+        agg["prefix_cache_hit_rate"] = agg["prefix_cache_hits"] / q if q else 0.0
+        return agg
+
+    def metrics(self) -> dict[str, float]:
+        return self.aggregate(self.engine_stats())
+
+    async def ametrics(self) -> dict[str, float]:
+        return self.aggregate(await self.aengine_stats())
+
+    def reset_prefix_cache(self) -> bool:
+        return all(ray.get([a.reset_prefix_cache.remote() for a in self.actors]))
+
+    def shutdown(self) -> None:
+        try:
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+        except Exception:
+            pass
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
+        _remove_pgs(self.placement_groups)
+        self.placement_groups = []
+
+
+async def _await_ref(ref: Any) -> Any:
+    return await ref
+
+
+def _remove_pgs(pgs: list[Any]) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for pg in pgs:
+        try:
+            remove_placement_group(pg)
+        except Exception:
+            pass

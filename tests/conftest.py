@@ -1,0 +1,51 @@
+"""Session-wide fixtures: one local Ray and one real vLLM CPU engine for the whole test run.
+
+The vLLM engine takes ~45-100 s to start on 2 cores (the first start on a machine also
+compiles the model; later starts reuse vLLM's compile cache), so it starts at most once per
+session and only when a test asks for ``vllm_engine``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray (2 CPUs, no dashboard); reuses one that is already running."""
+    import ray
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny random-weight Qwen2 model (built once into .cache/models/mdd-tiny; a stable
+    path also lets vLLM reuse its compile cache across runs)."""
+    from mdd.engines.tiny_model import build_tiny_model
+
+    return build_tiny_model(os.environ.get("MDD_TINY_MODEL_DIR") or REPO / ".cache" / "models" / "mdd-tiny")
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(ray_session, tiny_model_dir):
+    """A launched ``VLLMPoolEngine`` configured as configs/local-vllm.yaml (tiny model)."""
+    from mdd.config import load_config
+    from mdd.engines.vllm_engine import VLLMPoolEngine
+
+    cfg = load_config(REPO / "configs" / "local-vllm.yaml").engine
+    cfg = cfg.model_copy(update={"model": f"tiny:{tiny_model_dir}"})
+    engine = VLLMPoolEngine.launch(cfg)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()

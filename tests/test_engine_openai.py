@@ -1,0 +1,190 @@
+"""OpenAIEngine against a real HTTP server on 127.0.0.1 (an OpenAI-style stand-in)."""
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mdd.config import EngineConfig, OpenAIOptions
+from mdd.engines.base import EngineError, Message, Request, Sampling
+from mdd.engines.openai_engine import OpenAIEngine, OpenAIRequestError
+
+
+class StandIn:
+    """Scripted responses: a queue of (status, headers) consumed per request, then 200s."""
+
+    def __init__(self) -> None:
+        self.script: list[tuple[int, dict[str, str]]] = []
+        self.bodies: list[dict] = []
+        self.times: list[float] = []
+        self.headers: list[dict[str, str]] = []
+        self.delay = 0.0
+        self.active = 0
+        self.max_active = 0
+        self.lock = threading.Lock()
+
+
+def _handler(state: StandIn):
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # quiet
+            pass
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(n) or b"{}")
+            with state.lock:
+                state.bodies.append(body)
+                state.times.append(time.monotonic())
+                state.headers.append(dict(self.headers))
+                state.active += 1
+                state.max_active = max(state.max_active, state.active)
+                status, hdrs = state.script.pop(0) if state.script else (200, {})
+            try:
+                if state.delay:
+                    time.sleep(state.delay)
+                if self.path != "/v1/chat/completions":
+                    status = 404
+                if status == 200:
+                    payload = {
+                        "id": "x", "object": "chat.completion", "model": body.get("model"),
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "好的"}}],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13,
+                                  "prompt_tokens_details": {"cached_tokens": 8}},
+                    }
+                else:
+                    payload = {"error": {"message": f"status {status}"}}
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                for k, v in hdrs.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            finally:
+                with state.lock:
+                    state.active -= 1
+
+    return H
+
+
+@pytest.fixture()
+def server():
+    state = StandIn()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    httpd.daemon_threads = True
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _engine(url: str, **kw) -> OpenAIEngine:
+    opts = dict(base_url=url, backoff_s=0.01, max_backoff_s=0.05, max_retries=4, timeout_s=5.0)
+    opts.update(kw)
+    return OpenAIEngine.launch(EngineConfig(name="openai", model="qwen-test", openai=OpenAIOptions(**opts)))
+
+
+REQ = Request(messages=(Message("system", "你是医生"), Message("user", "你好")),
+              sampling=Sampling(temperature=0.5, top_p=0.8, max_tokens=20, frequency_penalty=0.3, seed=9))
+
+
+async def test_retries_then_success(server):
+    server.script = [(429, {"Retry-After": "0"}), (503, {}), (200, {})]
+    eng = _engine(server.url)
+    c = await eng.generate(REQ)
+    await eng.close()
+    assert (c.text, c.prompt_tokens, c.output_tokens, c.cached_tokens) == ("好的", 11, 2, 8)
+    assert len(server.bodies) == 3
+    b = server.bodies[-1]
+    assert b["model"] == "qwen-test" and b["messages"][1] == {"role": "user", "content": "你好"}
+    assert (b["temperature"], b["top_p"], b["max_tokens"], b["frequency_penalty"], b["seed"]) == (0.5, 0.8, 20, 0.3, 9)
+    assert "structured_outputs" not in b
+    assert eng.metrics()["prefix_cache_hits"] == 8
+
+
+async def test_gives_up_with_engine_error(server):
+    server.script = [(500, {})] * 10
+    eng = _engine(server.url, max_retries=2)
+    with pytest.raises(EngineError, match="3 attempts"):
+        await eng.generate(REQ)
+    assert len(server.bodies) == 3
+
+
+async def test_backoff_grows(server):
+    server.script = [(503, {})] * 3
+    eng = _engine(server.url, backoff_s=0.05, max_backoff_s=1.0)
+    await eng.generate(REQ)
+    gaps = [b - a for a, b in zip(server.times, server.times[1:])]
+    assert len(gaps) == 3
+    assert gaps[0] >= 0.02 and gaps[2] >= 0.1  # 0.05*2^k with jitter in [half, full]
+
+
+async def test_retry_after_is_honoured(server):
+    server.script = [(429, {"Retry-After": "0.3"})]
+    eng = _engine(server.url, backoff_s=0.001, max_backoff_s=1.0)
+    await eng.generate(REQ)
+    assert server.times[1] - server.times[0] >= 0.25
+
+
+async def test_structured_output_fields(server):
+    eng = _engine(server.url)
+    await eng.generate(Request(messages=REQ.messages, sampling=Sampling(max_tokens=4, choice=("是", "否"))))
+    schema = {"type": "object", "properties": {"end": {"type": "boolean"}}, "required": ["end"]}
+    await eng.generate(Request(messages=REQ.messages, sampling=Sampling(max_tokens=30, json_schema=schema)))
+    choice_body, json_body = server.bodies
+    assert choice_body["structured_outputs"] == {"choice": ["是", "否"]}
+    assert "response_format" not in choice_body
+    assert json_body["structured_outputs"] == {"json": schema}
+    assert json_body["response_format"]["type"] == "json_schema"
+    assert json_body["response_format"]["json_schema"]["schema"] == schema
+
+
+async def test_concurrency_limit(server):
+    import asyncio
+
+    server.delay = 0.05
+    eng = _engine(server.url, concurrency=3)
+    outs = await asyncio.gather(*(eng.generate(REQ) for _ in range(12)))
+    assert len(outs) == 12
+    assert 1 < server.max_active <= 3
+    assert eng.metrics()["max_in_flight"] <= 3
+
+
+async def test_client_error_is_not_retried(server):
+    server.script = [(400, {})]
+    eng = _engine(server.url)
+    with pytest.raises(OpenAIRequestError, match="HTTP 400") as ei:
+        await eng.generate(REQ)
+    assert not isinstance(ei.value, EngineError)
+    assert len(server.bodies) == 1
+
+
+async def test_connection_refused_is_engine_error():
+    eng = _engine("http://127.0.0.1:9/v1", max_retries=1)
+    with pytest.raises(EngineError, match="ConnectError|attempts"):
+        await eng.generate(REQ)
+
+
+async def test_env_url_key_and_pickling(server, monkeypatch):
+    monkeypatch.setenv("MDD_TEST_URL", server.url)
+    monkeypatch.setenv("MDD_TEST_KEY", "sk-test")
+    opts = OpenAIOptions(base_url_env="MDD_TEST_URL", api_key_env="MDD_TEST_KEY", backoff_s=0.01)
+    eng = OpenAIEngine.launch(EngineConfig(name="openai", model="m", openai=opts))
+    await eng.generate(REQ)
+    clone = pickle.loads(pickle.dumps(eng))  # workers receive a pickled engine
+    await clone.generate(REQ)
+    assert [h.get("Authorization") for h in server.headers] == ["Bearer sk-test"] * 2
+
+
+def test_missing_base_url_names_the_env_var(monkeypatch):
+    monkeypatch.delenv("MDD_OPENAI_BASE_URL", raising=False)
+    with pytest.raises(EngineError, match="MDD_OPENAI_BASE_URL"):
+        OpenAIEngine.launch(EngineConfig(name="openai", model="m"))

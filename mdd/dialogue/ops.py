@@ -277,6 +277,17 @@ def _with_instruction(history: list[Message], instruction: str) -> list[Message]
     return history + [Message("user", instruction)]
 
 
+def _yes_no(text: str, op: str, fallbacks: dict[str, int], rule: Callable[[], bool]) -> bool:
+    """A 是/否 verdict; anything else counts a fallback and the rule decides."""
+    text = text.strip()
+    if text.startswith(YES):
+        return True
+    if text.startswith(NO):
+        return False
+    fallbacks[op] = fallbacks.get(op, 0) + 1
+    return rule()
+
+
 def _denial(answer: str) -> bool:
     return bool(re.match(r"^\s*(没有|没|不会|不太|还好|都还|正常|不是|否)", answer)) and len(answer) < 40
 
@@ -288,13 +299,7 @@ async def is_topic_end(call: Call, doctor_view: list[Message], topic: Topic, exc
         return True
     out = await call("tool", "IsTopicEnd", _with_instruction(doctor_view, P.IS_TOPIC_END.format(topic=topic.topic)),
                      sampling, {"topic": topic.topic, "exchanges": exchanges, "cap": cap, "answer": answer})
-    text = out.text.strip()
-    if text.startswith(YES):
-        return True
-    if text.startswith(NO):
-        return False
-    fallbacks["IsTopicEnd"] = fallbacks.get("IsTopicEnd", 0) + 1
-    return _denial(answer) or len(answer) >= 60
+    return _yes_no(out.text, "IsTopicEnd", fallbacks, lambda: _denial(answer) or len(answer) >= 60)
 
 
 async def trigger_exp(call: Call, patient_view: list[Message], topic: Topic, sampling: Sampling,
@@ -310,13 +315,7 @@ async def trigger_exp(call: Call, patient_view: list[Message], topic: Topic, sam
         return False
     out = await call("tool", "TriggerExp", _with_instruction(patient_view, P.TRIGGER_EXP), sampling,
                      {"topic": topic.topic, "kind": topic.kind, "group": topic.group})
-    text = out.text.strip()
-    if text.startswith(YES):
-        return True
-    if text.startswith(NO):
-        return False
-    fallbacks["TriggerExp"] = fallbacks.get("TriggerExp", 0) + 1
-    return topic.kind == "experience"
+    return _yes_no(out.text, "TriggerExp", fallbacks, lambda: topic.kind == "experience")
 
 
 def dup_detect_rule(candidates: list[Topic], patient_text: str) -> list[str]:

@@ -33,6 +33,8 @@ class VLLMOptions(_Frozen):
     kv_cache_space_gib: float | None = Field(None, description="VLLM_CPU_KVCACHE_SPACE on the CPU build")
     enforce_eager: bool = False
     max_restarts: int = Field(2, ge=0, description="times an engine actor that died is restarted")
+    per_request_seed: bool | None = Field(None, description="send each call's seed to vLLM; None: yes on GPUs, "
+                                          "no on the CPU build (its sampler crashes on seeded requests in a batch)")
     extra: dict[str, Any] = Field(default_factory=dict, description="passed to AsyncEngineArgs as is")
     startup_timeout_s: float = Field(900.0, gt=0, description="wait this long for the engines to be ready")
     stats_refresh_s: float = Field(5.0, gt=0, description="how often a pool client refreshes engine load")
@@ -85,7 +87,9 @@ class SynthConfig(_Frozen):
     in_flight: int = Field(64, ge=1, description="dialogues in flight across all workers")
     num_workers: int = Field(1, ge=1)
     shard_size: int = Field(50, ge=1, description="dialogues per Parquet shard")
-    max_attempts: int = Field(3, ge=1, description="attempts per dialogue before it is a failure")
+    max_attempts: int = Field(4, ge=1, description="attempts per dialogue before it is a failure")
+    retry_backoff_s: float = Field(10.0, ge=0.0, description="first wait before retrying a dialogue whose engine "
+                                   "failed; doubles per attempt (an engine restart takes about a minute)")
     limit: int | None = Field(None, ge=1, description="only the first N valid cases")
     dialogue: DialogueConfig = DialogueConfig()
 

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import json
 import logging
 import math
@@ -294,6 +296,7 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
             queue.append(it)
     queue.reverse()  # pop() from the end keeps plan order
     attempts: Counter = Counter()
+    tiebreak = itertools.count()
     inflight: dict[Any, tuple[Item, int, Any]] = {}
     rr = 0
     bar = tqdm(total=total, initial=initial, unit="dlg", desc="dialogues", disable=not progress,
@@ -324,11 +327,18 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                 ids = [it.dialogue_id for it in work[si]]
                 write_table(pa.Table.from_pylist(rows, schema=schema.DIALOGUE), synth_dir(out) / shard_name(ids))
 
+    delayed: list[tuple[float, int, Item]] = []  # (not before, tie-break, item): retries after an engine failure
     try:
-        while queue or inflight:
+        while queue or inflight or delayed:
+            now = time.monotonic()
+            while delayed and delayed[0][0] <= now:
+                queue.append(heapq.heappop(delayed)[2])
             while queue and len(inflight) < sc.in_flight:
                 submit(queue.pop())
-            ready, _ = ray.wait(list(inflight), num_returns=1)
+            if not inflight:
+                time.sleep(min(1.0, max(0.0, delayed[0][0] - now)))
+                continue
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0 if delayed else None)
             for ref in ready:
                 it, k, handle = inflight.pop(ref)
                 try:
@@ -345,9 +355,12 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                     settle(it, res["row"], None)
                 elif res.get("retriable") and attempts[it.dialogue_id] < sc.max_attempts:
                     stats.retries += 1
-                    log.warning("retrying %s (attempt %d): %s", it.dialogue_id, attempts[it.dialogue_id] + 1,
+                    n = attempts[it.dialogue_id]
+                    # an engine (or worker) failure: give it time to restart before the retry
+                    wait = sc.retry_backoff_s * 2 ** (n - 1) if res["error"].startswith(("engine", "worker")) else 0.0
+                    log.warning("retrying %s in %.0f s (attempt %d): %s", it.dialogue_id, wait, n + 1,
                                 res["error"].splitlines()[0])
-                    queue.append(it)
+                    heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))
                 else:
                     stats.failed += 1
                     settle(it, None, res["error"])

@@ -144,3 +144,41 @@ def test_kill_dash_nine_then_rerun_gives_every_dialogue_once(tmp_path):
     df = pl.read_parquet(out / "synth" / "*.parquet")
     assert df.height == 200 and df["dialogue_id"].n_unique() == 200
     assert not list((out / "synth").glob("*.tmp"))
+
+
+def test_engine_actor_death_mid_run_is_retried(ray_session, tmp_path):
+    """An engine actor that dies is restarted by Ray; its dialogues are retried from their start."""
+    import ray
+
+    from mdd.engines.vllm_engine import VLLMPoolEngine
+
+    @ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0, max_concurrency=100)
+    class DiesOnce:
+        """Answers any call generically; its first life ends abruptly on the 40th call."""
+
+        def __init__(self, marker: str):
+            self.first_life = not Path(marker).exists()
+            Path(marker).touch()
+            self.calls = 0
+
+        async def generate(self, messages, sampling, rid):
+            self.calls += 1
+            if self.first_life and self.calls == 40:
+                os._exit(1)
+            choice = sampling.get("choice")
+            text = choice[0] if choice else ('{"covered": []}' if sampling.get("json_schema") else "嗯，是这样的。")
+            return {"text": text, "prompt_tokens": 3, "output_tokens": 2, "cached_tokens": 0, "finish_reason": "stop"}
+
+        def stats(self):
+            return {"in_flight": 0, "requests": self.calls}
+
+    actor = DiesOnce.remote(str(tmp_path / "lived"))
+    pool = VLLMPoolEngine([actor], "dies-once", stats_refresh_s=1e9)
+    cases = subset(tmp_path / "cases.json", 3)
+    summary = run_synthesis(config(tmp_path / "out", cases, variants=2, max_attempts=3, retry_backoff_s=1.0),
+                            engine=pool, progress=False)
+    ray.kill(actor, no_restart=True)
+    assert summary["counts"]["dialogue_retries"] >= 1
+    assert summary["counts"]["dialogues_failed"] == 0
+    df = pl.read_parquet(tmp_path / "out" / "synth" / "*.parquet")
+    assert sorted(df["dialogue_id"]) == sorted(f"S0{i}-v{v}" for i in (1, 2, 3) for v in (0, 1))

@@ -119,6 +119,14 @@ class EngineActor:
         self.index = index
         self.model = model
         self.max_model_len = int(opts["max_model_len"])
+        seeded = opts.get("per_request_seed")
+        if seeded is None:
+            from vllm.platforms import current_platform
+
+            # vLLM 0.32's CPU sampler fails on seeded requests in a batch ("CPU Generator does
+            # not use offset") and takes the engine core down: seeds only where they work.
+            seeded = not current_platform.is_cpu()
+        self.seeded = bool(seeded)
         t0 = time.monotonic()
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args_kwargs(model, opts)))
         self.start_s = time.monotonic() - t0
@@ -162,6 +170,8 @@ class EngineActor:
             raise ValueError(
                 f"prompt of {len(ids)} tokens does not fit max_model_len={self.max_model_len}"
             )
+        if not self.seeded:
+            sampling = {**sampling, "seed": None}
         params = build_sampling_params(sampling, max_tokens=min(int(sampling["max_tokens"]), room))
         self.in_flight += 1
         self.requests += 1

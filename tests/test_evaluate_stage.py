@@ -11,7 +11,6 @@ import pytest
 from mdd.schema import DIALOGUE_EVAL, METRICS, QA_SIDECAR, RULE_RESULT, TURN_EVAL
 
 MDD5K = Path(__file__).parents[1].parent / "shared" / "mdd5k"
-pytestmark = pytest.mark.skipif(not (MDD5K / "dialogues").is_dir(), reason="shared MDD-5k sample missing")
 
 
 def _files(d: Path) -> list[str]:

@@ -12,7 +12,6 @@ from jobs.import_mdd5k import main
 from mdd.schema import DIALOGUE, REJECT
 
 MDD5K = Path(__file__).parents[1].parent / "shared" / "mdd5k"
-pytestmark = pytest.mark.skipif(not (MDD5K / "dialogues").is_dir(), reason="shared MDD-5k sample missing")
 
 
 def _flat(out: Path) -> int:

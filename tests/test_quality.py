@@ -22,8 +22,6 @@ MDD5K = Path(__file__).parents[1].parent / "shared" / "mdd5k"
 
 
 def _shared_exchanges():
-    if not (MDD5K / "dialogues").is_dir():
-        pytest.skip("shared MDD-5k sample missing")
     q, a, d, c, dlg = [], [], [], [], []
     for f in sorted((MDD5K / "dialogues").glob("patient_*.json")):
         label = json.loads((MDD5K / "labels" / f"{f.stem}_label.json").read_text(encoding="utf-8"))

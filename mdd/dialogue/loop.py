@@ -222,7 +222,9 @@ class Dialogue:
         view = self.patient_view()
         trigger = await ops.trigger_exp(self.call, view, self.topic, self.sp_verdict, self.acct.fallbacks)
         facts = ops.case_facts(self.case, self.topic)
-        instruction = P.PAT_TOPIC.format(topic=self.topic.topic, facts=facts or P.PAT_NO_FACTS,
+        fields = "、".join(dict.fromkeys(f.split(".")[-1] for f in self.topic.case_fields))
+        instruction = P.PAT_TOPIC.format(topic=self.topic.topic,
+                                         facts=P.PAT_FACTS.format(fields=fields) if facts else P.PAT_NO_FACTS,
                                          experience=P.PAT_EXPERIENCE if trigger else "")
         answer = await ops.pat_gen(
             self.call, view, instruction, self.sp_patient,

@@ -60,8 +60,11 @@ DOC_TRANSITION = "上一个话题已经问清楚了，自然地过渡到新话�
 DOC_EXPLAIN = "提问时用通俗的话简单解释一下为什么要问这个。"
 
 PAT_OPENING = "【回答要求】用自己的话说说这次来看病最主要的困扰，可以说两三个最明显的问题。"
-PAT_TOPIC = "【回答要求】医生在问「{topic}」。与此相关的真实情况：{facts}{experience}"
-PAT_NO_FACTS = "病历里没有提到这方面的问题，如实回答（通常是没有或不明显）。"
+# The case is in the system prompt already: the per-turn instruction only points at the fields
+# (pasting their text here would be computed afresh on every call).
+PAT_TOPIC = "【回答要求】医生在问「{topic}」。{facts}{experience}"
+PAT_FACTS = "依据上面真实情况里的{fields}如实回答。"
+PAT_NO_FACTS = "上面的真实情况没有提到这方面的问题，如实回答（通常是没有或不明显）。"
 PAT_EXPERIENCE = "回答时自然地讲到你过去的那段经历。"
 
 IS_TOPIC_END = "【判断】关于「{topic}」，患者的回答是否已经足够清楚，可以换下一个话题？只回答“是”或“否”。"

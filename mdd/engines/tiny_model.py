@@ -1,7 +1,11 @@
 """A tiny random-weight Qwen2 model for running the real vLLM engine without downloads.
 
-``build_tiny_model(path)`` trains a small byte-level BPE tokenizer on local text (the
-knowledge YAML/JSON and the case files when present, plus a built-in Chinese+ASCII corpus),
+``build_tiny_model(path)`` trains a small character-level BPE tokenizer on local text (the
+knowledge YAML/JSON and the case files when present, plus a built-in Chinese+ASCII corpus;
+every CJK unified ideograph is in the alphabet). Not byte-level on purpose: a random model's
+output then always decodes to whole characters, so the text it writes re-encodes to about
+as many tokens as it generated, and dialogue histories do not balloon (byte-level noise
+decodes to replacement characters that re-encode to three tokens each). It
 wraps it in a ``PreTrainedTokenizerFast`` with Qwen's chat specials and template, builds a
 ``Qwen2Config`` (hidden 128, 2 heads, 1 KV head: head_dim 64, which the CPU attention
 kernels accept) with seeded random weights, and saves both into one folder.
@@ -21,9 +25,11 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_DIR = Path(".cache") / "models" / "mdd-tiny"
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-VOCAB_SIZE = 6000
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>")
+CJK = [chr(c) for c in range(0x4E00, 0x9FA6)]  # the CJK unified ideographs: every Chinese character
+VOCAB_SIZE = len(CJK) + 4000  # the alphabet plus merges (common words)
 _MARKER = "mdd_tiny.ok"
+_BUILDER_VERSION = "2"  # bump when the build changes: older builds are rebuilt
 
 # Qwen2.5-style template (no tool support): default system prompt when none is given.
 CHAT_TEMPLATE = (
@@ -108,23 +114,25 @@ def _local_texts() -> list[str]:
 
 
 def _is_built(path: Path) -> bool:
-    return (path / _MARKER).is_file()
+    marker = path / _MARKER
+    return marker.is_file() and f"builder={_BUILDER_VERSION}" in marker.read_text(encoding="utf-8")
 
 
 def _build_into(out: Path, seed: int) -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.Punctuation(behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    ascii_chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        min_frequency=1,
+        min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=CJK + ascii_chars,
+        limit_alphabet=len(CJK) + len(ascii_chars) + 2000,
         show_progress=False,
     )
     tok.train_from_iterator(_local_texts(), trainer=trainer)
@@ -134,13 +142,15 @@ def _build_into(out: Path, seed: int) -> None:
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        unk_token=None,
+        unk_token="<|unk|>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
         model_max_length=8192,
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(out))
+    # in its own folder: AutoTokenizer picks the class by the model folder's model_type (qwen2)
+    # and would rebuild a byte-level tokenizer; the engine passes this folder as `tokenizer`
+    fast.save_pretrained(str(out / "tokenizer"))
 
     vocab = len(fast)
     vocab_padded = ((vocab + 63) // 64) * 64
@@ -169,7 +179,7 @@ def _build_into(out: Path, seed: int) -> None:
         model.generation_config.save_pretrained(str(out))
     except Exception:  # pragma: no cover - cosmetic
         pass
-    (out / _MARKER).write_text(f"seed={seed} vocab={vocab}\n", encoding="utf-8")
+    (out / _MARKER).write_text(f"builder={_BUILDER_VERSION} seed={seed} vocab={vocab}\n", encoding="utf-8")
 
 
 def build_tiny_model(path: str | os.PathLike = DEFAULT_DIR, seed: int = 0) -> Path:

@@ -30,6 +30,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -100,6 +101,10 @@ def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
     }
     if tp > 1:
         kw["distributed_executor_backend"] = "ray"
+    # A model folder with its own tokenizer/ (the tiny model: a character-level tokenizer that
+    # AutoTokenizer would otherwise replace with Qwen2's byte-level one, keyed on model_type)
+    if (Path(model) / "tokenizer" / "tokenizer.json").is_file():
+        kw["tokenizer"] = str(Path(model) / "tokenizer")
     kw.update(opts.get("extra") or {})
     return kw
 
@@ -128,9 +133,10 @@ class EngineActor:
             seeded = not current_platform.is_cpu()
         self.seeded = bool(seeded)
         t0 = time.monotonic()
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args_kwargs(model, opts)))
+        kwargs = engine_args_kwargs(model, opts)
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self.start_s = time.monotonic() - t0
-        self.tokenizer = self._load_tokenizer(model, opts)
+        self.tokenizer = self._load_tokenizer(kwargs)
         self.in_flight = 0
         self.requests = 0
         self.errors = 0
@@ -140,16 +146,14 @@ class EngineActor:
         # (prompt, cached, output) tokens of every request: the benchmark replays these shapes
         self.call_log: list[tuple[int, int, int]] = []
 
-    def _load_tokenizer(self, model: str, opts: dict[str, Any]) -> Any:
+    def _load_tokenizer(self, kwargs: dict[str, Any]) -> Any:
         tok = getattr(self.llm, "tokenizer", None)
         if tok is not None and hasattr(tok, "apply_chat_template") and hasattr(tok, "encode"):
             return tok
         from transformers import AutoTokenizer
 
-        extra = opts.get("extra") or {}
-        return AutoTokenizer.from_pretrained(
-            extra.get("tokenizer") or model, trust_remote_code=bool(extra.get("trust_remote_code"))
-        )
+        return AutoTokenizer.from_pretrained(kwargs.get("tokenizer") or kwargs["model"],
+                                             trust_remote_code=bool(kwargs.get("trust_remote_code")))
 
     def ready(self) -> dict[str, Any]:
         return {"index": self.index, "model": self.model, "start_s": self.start_s, "pid": os.getpid()}

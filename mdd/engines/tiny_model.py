@@ -195,12 +195,11 @@ def build_tiny_model(path: str | os.PathLike = DEFAULT_DIR, seed: int = 0) -> Pa
         try:
             os.rename(tmp, path)  # atomic on one filesystem; fails if path exists and is non-empty
         except OSError:
-            if not _is_built(path):
-                if path.exists() and not any(path.iterdir()):
-                    path.rmdir()
-                    os.rename(tmp, path)
-                else:
-                    raise
+            if not _is_built(path):  # an empty folder or an outdated build: move it aside, then replace
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+                os.rename(path, old / path.name)
+                os.rename(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

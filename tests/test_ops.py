@@ -103,22 +103,12 @@ def test_empath_gen_only_for_empathic_personas():
 
 def test_prompt_gen_opening_topic_followup():
     p = persona(explain="never")
-    assert "王" in ops.prompt_gen(p, None, followup=False, empathy="")
-    root = parse_node(TREE, "t")
-    codes = ops.checklist_codes(root)
-    assert codes["parents"] == "T1" and codes["s0"] == "T4" and codes["p0"] == "T5"
-    checklist = ops.checklist_text(root, codes)
-    assert "T1 父母知情：父母是否知道" in checklist and "T5 追问0：（视回答追问）" in checklist
-    t = root.children[1].children[0]
-    on_list = ops.prompt_gen(p, t, followup=False, empathy="", codes=codes)
-    assert "T4" in on_list and "症状0" in on_list and "解释" not in on_list and len(on_list) < 30
-    grafted = parse_node({"id": "exp_1", "topic": "被班主任训斥", "ask": "经过和感受"}, "t")
-    assert "经过和感受" in ops.prompt_gen(p, grafted, followup=False, empathy="", codes=codes)
-    assert "追问" in ops.prompt_gen(p, t, followup=True, empathy="", codes=codes)
-    assert "解释" in ops.prompt_gen(persona(explain="often"), t, followup=False, empathy="", codes=codes)
-    # the checklist sits in the doctor's system prompt, before the persona (shared prefix)
-    system = p.system_prompt(checklist)
-    assert system.index("T1 父母知情") < system.index("擅长")
+    assert "王" in ops.prompt_gen(p, None, followup=False, new_topic=False, empathy="")
+    t = parse_node({"id": "a", "topic": "睡眠", "ask": "入睡困难"}, "t")
+    new = ops.prompt_gen(p, t, followup=False, new_topic=True, empathy="")
+    assert "睡眠" in new and "入睡困难" in new and "过渡" in new and "解释" not in new
+    assert "追问" in ops.prompt_gen(p, t, followup=True, new_topic=False, empathy="")
+    assert "解释" in ops.prompt_gen(persona(explain="often"), t, followup=False, new_topic=False, empathy="")
 
 
 def test_is_dial_end():

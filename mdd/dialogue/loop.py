@@ -78,10 +78,10 @@ class Dialogue:
         self.context_used = 0  # the longest prompt so far plus room for two answers
         self.group = ""
         self.followup = False
+        self.new_topic = False
         self.question = ""
         self.patient_system = ""
-        self.doctor_system = ""
-        self.codes: dict[str, str] = {}
+        self.doctor_system = persona.system_prompt()
         s = cfg.sampling
         self.sp_doctor = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.doctor_max_tokens,
                                   frequency_penalty=s.frequency_penalty)
@@ -151,10 +151,7 @@ class Dialogue:
         return self.row()
 
     async def _start(self) -> Phase:
-        tree = build_tree(self.case)
-        self.agenda = TopicAgenda(tree, self.rng)
-        self.codes = ops.checklist_codes(tree)
-        self.doctor_system = self.persona.system_prompt(ops.checklist_text(tree, self.codes))
+        self.agenda = TopicAgenda(build_tree(self.case), self.rng)
         return Phase.EXPERIENCE
 
     async def _experience(self) -> Phase:
@@ -168,7 +165,7 @@ class Dialogue:
 
     async def _opening(self) -> Phase:
         q = await ops.doc_gen(self.call, self.doctor_view(), ops.prompt_gen(self.persona, None, followup=False,
-                              empathy=""), self.sp_doctor,
+                              new_topic=False, empathy=""), self.sp_doctor,
                               {"opening": True, "surname": self.persona.surname})
         self.turns.append({"speaker": "doctor", "text": q, "topic": "开场"})
         a = await ops.pat_gen(self.call, self.patient_view(), P.PAT_OPENING, self.sp_patient,
@@ -191,7 +188,7 @@ class Dialogue:
                 if await self._dup_detect(topic):
                     continue  # the conversation already covered it
             self.group = topic.group or self.group
-            self.topic, self.topic_exchanges, self.followup = topic, 0, False
+            self.topic, self.topic_exchanges, self.followup, self.new_topic = topic, 0, False, bool(self.topics)
             self.topics.append(topic.topic)
             return Phase.ASK
 
@@ -210,8 +207,8 @@ class Dialogue:
         assert self.topic is not None
         last_answer = self.turns[-1]["text"] if self.turns else ""
         empathy = ops.empath_gen(self.persona, last_answer)
-        instruction = ops.prompt_gen(self.persona, self.topic, followup=self.followup, empathy=empathy,
-                                     codes=self.codes)
+        instruction = ops.prompt_gen(self.persona, self.topic, followup=self.followup, new_topic=self.new_topic,
+                                     empathy=empathy)
         self.question = await ops.doc_gen(
             self.call, self.doctor_view(), instruction, self.sp_doctor,
             {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,

@@ -74,10 +74,10 @@ class Persona:
             base += 1
         return max(1, min(base, hard_cap))
 
-    def system_prompt(self, checklist: str = "") -> str:
+    def system_prompt(self) -> str:
         return P.DOCTOR_SYSTEM.format(
-            checklist=checklist or "（无）", age=self.age, gender=P.gender_word(self.gender),
-            speciality=self.speciality, style=self.style, speed=P.SPEED[self.speed], explain=P.EXPLAIN[self.explain],
+            age=self.age, gender=P.gender_word(self.gender), speciality=self.speciality, style=self.style,
+            speed=P.SPEED[self.speed], explain=P.EXPLAIN[self.explain],
             empathy="会关注并回应患者的情绪" if self.empathy else "较少表达共情，专注于收集信息",
         )
 
@@ -214,54 +214,19 @@ def empath_gen(persona: Persona, answer: str) -> str:
         return ""
     hits = [w for w in _DISTRESS if w in answer]
     if hits:
-        return f"患者说到「{hits[0]}」，先共情一句。"
-    return "语气温和。"
+        return f"患者提到了「{hits[0]}」的感受，提问前先用一句话表达理解和共情。"
+    return "语气温和，适当给予肯定和鼓励。"
 
 
-def checklist_codes(root: Topic) -> dict[str, str]:
-    """Checklist codes (T1, T2, ...) of a tree's topics and probes, in the tree's own order."""
-    codes: dict[str, str] = {}
-
-    def walk(t: Topic) -> None:
-        if t.is_leaf:
-            codes.setdefault(t.id, f"T{len(codes) + 1}")
-            for p in t.probes:
-                codes.setdefault(p.id, f"T{len(codes) + 1}")
-        for c in t.children:
-            walk(c)
-
-    walk(root)
-    return codes
-
-
-def checklist_text(root: Topic, codes: dict[str, str]) -> str:
-    """The interview checklist for the doctor's system prompt (same text for the same tree)."""
-    lines = []
-
-    def walk(t: Topic) -> None:
-        if t.is_leaf:
-            lines.append(P.CHECKLIST_ITEM.format(code=codes[t.id], topic=t.topic, ask=t.ask or t.topic))
-            for p in t.probes:
-                lines.append(P.CHECKLIST_ITEM.format(code=codes[p.id], topic=p.topic, ask=f"（视回答追问）{p.ask or p.topic}"))
-        for c in t.children:
-            walk(c)
-
-    walk(root)
-    return "\n".join(lines)
-
-
-def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, empathy: str,
-               codes: dict[str, str] | None = None) -> str:
-    """PromptGen: the doctor's per-turn instruction, short: the topic's checklist code when it has one."""
+def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_topic: bool, empathy: str) -> str:
+    """PromptGen: the doctor's per-turn instruction from the topic, the persona and the state."""
     if topic is None:
         return P.DOC_OPENING.format(surname=persona.surname)
     if followup:
-        return P.DOC_FOLLOWUP.format(topic=topic.topic, empathy=empathy)
+        return P.DOC_FOLLOWUP.format(topic=topic.topic, ask=topic.ask or topic.topic, empathy=empathy)
     explain = P.DOC_EXPLAIN if persona.explain in ("sometimes", "often") else ""
-    code = (codes or {}).get(topic.id)
-    if code:
-        return P.DOC_TOPIC.format(code=code, topic=topic.topic, empathy=empathy, explain=explain)
-    return P.DOC_TOPIC_NEW.format(topic=topic.topic, ask=topic.ask or topic.topic, empathy=empathy, explain=explain)
+    return P.DOC_TOPIC.format(transition=P.DOC_TRANSITION if new_topic else "", topic=topic.topic,
+                              ask=topic.ask or topic.topic, empathy=empathy, explain=explain)
 
 
 def is_dial_end(agenda: TopicAgenda, exchanges: int, max_exchanges: int, context_used: int = 0,

@@ -22,19 +22,13 @@ EXPLAIN = {
     "often": "经常用通俗的话解释医学术语和提问的目的",
 }
 
-# The doctor's system prompt: role, rules and the interview checklist first (the same text for
-# every dialogue on the same tree, so the prefix cache shares it across dialogues), the persona
-# after it. Per-turn instructions then only name a checklist item.
 DOCTOR_SYSTEM = """你是一名精神科医生，正在门诊为一位初诊患者做诊断性问诊。
+你的情况：{age}岁，{gender}，擅长{speciality}。沟通风格：{style}；{speed}；{empathy}；{explain}。
 问诊要求：
 1. 每次只围绕一个话题提问，用口语化的中文，一次问一到两个问题。
 2. 不要重复已经问过的问题；可以根据患者的回答追问时间、频率、严重程度、诱因和影响。
 3. 问诊结束前不要给出诊断或治疗意见。
-4. 只输出你要对患者说的话。每轮最后的【下一步】告诉你这次要问的话题，话题编号见下面的清单。
-问诊话题清单（编号、话题、要了解的内容）：
-{checklist}
-你的情况：{age}岁，{gender}，擅长{speciality}。沟通风格：{style}；{speed}；{empathy}；{explain}。"""
-CHECKLIST_ITEM = "{code} {topic}：{ask}"
+4. 只输出你要对患者说的话。"""
 
 OPENING_PATIENT = "（患者走进诊室坐下）"
 
@@ -60,21 +54,21 @@ STORY_USER = """请以第一人称写一段患者过去的经历，150到250字�
 经历要与患者的年龄、性别、工作学习情况和病情相符；写清发生了什么、当时的感受、之后对情绪和生活的影响。只输出经历本身。"""
 
 DOC_OPENING = "【下一步】请先简短问候并自我介绍（你姓{surname}），然后请患者说说这次来看病最主要的困扰。"
-DOC_TOPIC = "【下一步】问{code}「{topic}」。{empathy}{explain}"
-DOC_TOPIC_NEW = "【下一步】问「{topic}」：{ask}。{empathy}{explain}"  # a topic not on the checklist (grafted)
-DOC_FOLLOWUP = "【下一步】继续追问「{topic}」的一个细节。{empathy}"
-DOC_EXPLAIN = "顺带解释为什么问。"
+DOC_TOPIC = "【下一步】{transition}请就「{topic}」向患者提问，需要了解：{ask}。{empathy}{explain}"
+DOC_FOLLOWUP = "【下一步】患者对「{topic}」的回答还不够清楚，请就此追问一个具体细节（{ask}）。{empathy}"
+DOC_TRANSITION = "上一个话题已经问清楚了，自然地过渡到新话题。"
+DOC_EXPLAIN = "提问时用通俗的话简单解释一下为什么要问这个。"
 
 PAT_OPENING = "【回答要求】用自己的话说说这次来看病最主要的困扰，可以说两三个最明显的问题。"
 # The case is in the system prompt already: the per-turn instruction only points at the fields
 # (pasting their text here would be computed afresh on every call).
-PAT_TOPIC = "【回答】话题「{topic}」，{facts}{experience}"
-PAT_FACTS = "依据你的{fields}如实说。"
-PAT_NO_FACTS = "真实情况没提到，如实说（多半没有）。"
-PAT_EXPERIENCE = "自然地讲到你过去的那段经历。"
+PAT_TOPIC = "【回答要求】医生在问「{topic}」。{facts}{experience}"
+PAT_FACTS = "依据上面真实情况里的{fields}如实回答。"
+PAT_NO_FACTS = "上面的真实情况没有提到这方面的问题，如实回答（通常是没有或不明显）。"
+PAT_EXPERIENCE = "回答时自然地讲到你过去的那段经历。"
 
-IS_TOPIC_END = "【判断】「{topic}」已经问清楚了吗？答是或否。"
-TRIGGER_EXP = "【判断】这次回答要讲到你过去的那段经历吗？答是或否。"
+IS_TOPIC_END = "【判断】关于「{topic}」，患者的回答是否已经足够清楚，可以换下一个话题？只回答“是”或“否”。"
+TRIGGER_EXP = "【判断】回答医生这个问题时，是否需要讲到你过去的那段经历？只回答“是”或“否”。"
 DUP_DETECT = "【判断】下面这些话题中，哪些在前面的对话里患者已经讲清楚了？只从列表中选，没有就返回空列表。\n{topics}"
 PARSE_EXP = "【整理】把患者刚才讲到的过去经历整理成2到3个值得继续追问的要点，每个要点不超过15个字。"
 

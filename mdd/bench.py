@@ -29,25 +29,28 @@ class Recording(EngineBase):
 
 
 def _split_instruction(text: str) -> tuple[str, str]:
-    """The last user message is "<history turn>\\n\\n<instruction>" (see ops._with_instruction)."""
+    """A user message is "<history turn>\n\n<instruction>" (see ops._with_instruction)."""
     head, sep, tail = text.rpartition("\n\n【")
     return (head, "【" + tail) if sep else (text, "")
 
 
 def _turns(messages: tuple[Message, ...], agent: str) -> tuple[list[str], str]:
-    """(history turns as "医生：…/患者：…" lines, the per-call instruction) from an append-only prompt."""
-    body = list(messages[1:])
+    """(history turns as "医生：…/患者：…" lines, the current call's instruction) from an
+    append-only prompt; the instructions earlier turns answered are not part of the history."""
     instruction = ""
-    if body and body[-1].role == "user":
-        last, instruction = _split_instruction(body[-1].content)
-        body[-1] = Message("user", last)
     doctor_role = "assistant" if agent != "patient" else "user"
     lines = []
-    for m in body:
-        if m.content.startswith("（") and m.content.endswith("）"):
+    body = messages[1:]
+    for i, m in enumerate(body):
+        content = m.content
+        if m.role == "user":
+            content, instr = _split_instruction(content)
+            if i == len(body) - 1:
+                instruction = instr
+        if content.startswith("（") and content.endswith("）"):
             continue  # the stage direction that opens the doctor's view
         who = "医生" if m.role == doctor_role else "患者"
-        lines.append(f"{who}：{m.content}")
+        lines.append(f"{who}：{content}")
     return lines, instruction
 
 
@@ -101,6 +104,10 @@ class CallShape:
     cached_tokens: int
     output_tokens: int
 
+    @classmethod
+    def from_log(cls, entry: tuple[Any, ...]) -> "CallShape":
+        return cls(*(int(x) for x in entry[:3]))
+
 
 def shaped_prompts(shapes: list[CallShape], vocab: int, seed: int = 0) -> list[list[int]]:
     """Token prompts with the same lengths and the same cache behaviour as the logged calls:
@@ -114,20 +121,41 @@ def shaped_prompts(shapes: list[CallShape], vocab: int, seed: int = 0) -> list[l
             for s in shapes]
 
 
-async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], concurrency: int) -> dict[str, float]:
+async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], concurrency: int) -> dict[str, Any]:
     """Independent requests with forced output lengths (ignore EOS), ``concurrency`` in flight."""
     sem = asyncio.Semaphore(concurrency)
     done = {"output_tokens": 0}
+    spans: list[tuple[float, float]] = []
 
     async def one(i: int) -> None:
         async with sem:
+            t = time.monotonic()
             out = await actor.generate_tokens.remote(prompts[i], outputs[i], f"shape-{i}")
+            spans.append((t, time.monotonic()))
             done["output_tokens"] += int(out["output_tokens"])
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "output_tokens": done["output_tokens"], "output_tok_s": done["output_tokens"] / wall}
+    return {"wall_s": wall, "output_tokens": done["output_tokens"], "output_tok_s": done["output_tokens"] / wall,
+            "occupancy": occupancy(spans, concurrency)}
+
+
+def occupancy(spans: list[tuple[float, float]], target: int) -> dict[str, float]:
+    """How full the engine was kept: the time-weighted mean of requests in flight over the
+    spans' whole extent, and the share of that time with at least 90% of ``target`` in flight."""
+    if not spans:
+        return {"mean_in_flight": 0.0, "share_near_target": 0.0}
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    start, end = events[0][0], events[-1][0]
+    level, last, near = 0, start, 0.0
+    for t, step in events:
+        if level >= 0.9 * target:
+            near += t - last
+        level, last = level + step, t
+    wall = max(end - start, 1e-9)
+    return {"mean_in_flight": round(sum(b - a for a, b in spans) / wall, 1),
+            "share_near_target": round(near / wall, 3)}
 
 
 def sum_counters(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

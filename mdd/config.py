@@ -30,6 +30,8 @@ class VLLMOptions(_Frozen):
     max_model_len: int = Field(8192, ge=128)
     dtype: str = "auto"
     enable_prefix_caching: bool = True
+    block_size: int | None = Field(None, ge=1, description="KV-cache block (tokens); the prefix cache reuses whole "
+                                   "blocks only. None: vLLM's default (16 on GPUs, 128 on the CPU build)")
     kv_cache_space_gib: float | None = Field(None, description="VLLM_CPU_KVCACHE_SPACE on the CPU build")
     enforce_eager: bool = False
     max_restarts: int = Field(2, ge=0, description="times an engine actor that died is restarted")

@@ -9,7 +9,7 @@ from mdd.cases import load_cases
 from mdd.config import DialogueConfig
 from mdd.dialogue import ops
 from mdd.dialogue.loop import run_dialogue
-from mdd.engines.base import Completion, EngineBase, Request
+from mdd.engines.base import Completion, EngineBase, Message, Request
 from mdd.engines.scripted import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,16 +107,16 @@ def test_fast_personas_make_shorter_dialogues(samples):
 
 def test_prompts_are_append_only_per_agent(pa20):
     eng = Recording(ScriptedEngine())
-    dialogue(pa20, 1, engine=eng)
-    for op in ("DocGen", "PatGen"):
+    row, _ = dialogue(pa20, 1, engine=eng)
+    for op, speaker in (("DocGen", "doctor"), ("PatGen", "patient")):
         calls = [r.messages for r in eng.requests if r.op == op]
+        said = [t["text"] for t in row["turns"] if t["speaker"] == speaker]
         assert len(calls) > 5
-        system = calls[0][0]
-        for prev, nxt in zip(calls, calls[1:]):
-            assert nxt[0] == system
-            # everything before the per-turn instruction is kept verbatim, then the history grows
-            assert nxt[: len(prev) - 1] == prev[:-1]
-            assert len(nxt) > len(prev)
+        for i, (prev, nxt) in enumerate(zip(calls, calls[1:])):
+            # the previous prompt, instruction included, then that call's own answer: a pure
+            # extension, so the engine's prefix cache covers all of it
+            assert nxt[: len(prev) + 1] == (*prev, Message("assistant", said[i]))
+            assert nxt[-1].role == "user" and "\n\n【" in nxt[-1].content
     doctor_system = next(r.messages[0] for r in eng.requests if r.op == "DocGen")
     for r in eng.requests:
         if r.op in ("IsTopicEnd", "DupDetect", "ParseExp"):

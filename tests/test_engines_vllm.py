@@ -91,7 +91,11 @@ async def test_prefix_cache_hits_grow(vllm_engine):
         Request(messages=_msgs(*history), sampling=Sampling(max_tokens=16, seed=8), session="cache")
     )
     assert second.prompt_tokens > first.prompt_tokens
-    assert second.cached_tokens > 0
+    # the first prompt and its own answer are reused whole blocks at a time (the answer's KV
+    # was written while decoding; its last token was never fed back)
+    block = {s["block_size"] for s in await vllm_engine.aengine_stats()}
+    assert block == {32}  # configs/local-vllm.yaml, not the CPU build's default of 128
+    assert second.cached_tokens >= (first.prompt_tokens + first.output_tokens - 1) // 32 * 32 > 0
     after = before
     for _ in range(20):  # vLLM records its counters just after returning the output
         after = await vllm_engine.ametrics()
@@ -107,6 +111,45 @@ async def test_prefix_cache_hits_grow(vllm_engine):
 
 
 # ---- routing and failure handling, no vLLM needed ----------------------------------------
+
+
+def test_piece_tokenizer_matches_whole_prompt_encoding(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from mdd.engines.vllm_engine import PieceTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir / "tokenizer"))
+    pieces = PieceTokenizer(tok)
+    assert pieces.split is not None  # the self-check passed for the chat tokenizer
+    history = [{"role": "system", "content": SYSTEM * 3}]
+    for turn in range(6):
+        history += [{"role": "user", "content": f"第{turn}轮：最近睡不好 ，\n\n【下一步】问 sleep。"},
+                    {"role": "assistant", "content": f"好的 {turn}！还有呢？ "}]
+        text = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+        assert pieces.encode(text) == list(tok.encode(text, add_special_tokens=False))
+    # append-only prompts: each call encodes only its new messages
+    assert pieces.hits > pieces.misses
+
+
+class _SpacePrefixing:
+    """A tokenizer whose pieces do not compose (it marks the start of every encode call)."""
+
+    added_tokens_decoder: dict = {}
+    all_special_tokens = ["<s>"]
+
+    def apply_chat_template(self, messages, **_):
+        return "".join(f"<s>{m['content']}" for m in messages)
+
+    def encode(self, text, add_special_tokens=False):
+        return [0] + [ord(c) for c in text]
+
+
+def test_piece_tokenizer_falls_back_when_pieces_do_not_compose():
+    from mdd.engines.vllm_engine import PieceTokenizer
+
+    pieces = PieceTokenizer(_SpacePrefixing())
+    assert pieces.split is None
+    assert pieces.encode("<s>ab<s>c") == [0] + [ord(c) for c in "<s>ab<s>c"]
 
 
 def test_new_sessions_go_to_least_loaded_engine():

@@ -69,6 +69,9 @@ class Dialogue:
         self.acct = Accounting()
         self.phase = Phase.START
         self.turns: list[dict[str, Any]] = []
+        # the instruction each generated turn answered, by turn index: it stays in the speaker's
+        # view, so every prompt extends that agent's previous prompt and its own output
+        self.instructions: dict[int, str] = {}
         self.topics: list[str] = []
         self.story = ""
         self.agenda: TopicAgenda | None = None
@@ -109,22 +112,34 @@ class Dialogue:
 
     # --- the two agents' views of the history (append-only) -------------------------------
 
-    def _window(self) -> list[dict[str, Any]]:
-        exchanges = [t for t in self.turns if t["speaker"] in ("doctor", "patient")]
+    def _window(self) -> list[tuple[int, dict[str, Any]]]:
+        exchanges = [(i, t) for i, t in enumerate(self.turns) if t["speaker"] in ("doctor", "patient")]
         w = self.cfg.history_window
         return exchanges[-w:] if w else exchanges
 
-    def doctor_view(self) -> list[Message]:
-        msgs = [Message("system", self.doctor_system), Message("user", P.OPENING_PATIENT)]
-        for t in self._window():
-            msgs.append(Message("assistant" if t["speaker"] == "doctor" else "user", t["text"]))
+    def _view(self, system: str, speaker: str, opening: str | None) -> list[Message]:
+        """``speaker``'s view: its own turns as assistant messages, the other side's as user
+        messages, each of its turns' instruction kept at the end of the message before it."""
+        msgs = [Message("system", system)] + ([Message("user", opening)] if opening else [])
+        for i, t in self._window():
+            if t["speaker"] == speaker:
+                if i in self.instructions and msgs[-1].role == "user":
+                    msgs[-1] = Message("user", f"{msgs[-1].content}\n\n{self.instructions[i]}")
+                msgs.append(Message("assistant", t["text"]))
+            else:
+                msgs.append(Message("user", t["text"]))
         return msgs
 
+    def doctor_view(self) -> list[Message]:
+        return self._view(self.doctor_system, "doctor", P.OPENING_PATIENT)
+
     def patient_view(self) -> list[Message]:
-        msgs = [Message("system", self.patient_system)]
-        for t in self._window():
-            msgs.append(Message("user" if t["speaker"] == "doctor" else "assistant", t["text"]))
-        return msgs
+        return self._view(self.patient_system, "patient", None)
+
+    def _say(self, speaker: str, text: str, topic: str, instruction: str | None = None) -> None:
+        if instruction is not None:
+            self.instructions[len(self.turns)] = instruction
+        self.turns.append({"speaker": speaker, "text": text, "topic": topic})
 
     def patient_text(self) -> str:
         return "".join(t["text"] for t in self.turns if t["speaker"] == "patient")
@@ -164,14 +179,14 @@ class Dialogue:
         return Phase.OPENING
 
     async def _opening(self) -> Phase:
-        q = await ops.doc_gen(self.call, self.doctor_view(), ops.prompt_gen(self.persona, None, followup=False,
-                              new_topic=False, empathy=""), self.sp_doctor,
+        instruction = ops.prompt_gen(self.persona, None, followup=False, new_topic=False, empathy="")
+        q = await ops.doc_gen(self.call, self.doctor_view(), instruction, self.sp_doctor,
                               {"opening": True, "surname": self.persona.surname})
-        self.turns.append({"speaker": "doctor", "text": q, "topic": "开场"})
+        self._say("doctor", q, "开场", instruction)
         a = await ops.pat_gen(self.call, self.patient_view(), P.PAT_OPENING, self.sp_patient,
                               {"opening": True, "complaint": self.case.complaint,
                                "facts": self.case.present_illness[:300]})
-        self.turns.append({"speaker": "patient", "text": a, "topic": "开场"})
+        self._say("patient", a, "开场", P.PAT_OPENING)
         self.exchanges += 1
         return Phase.NEXT_TOPIC
 
@@ -214,7 +229,7 @@ class Dialogue:
             {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,
              "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind},
         )
-        self.turns.append({"speaker": "doctor", "text": self.question, "topic": self.topic.topic})
+        self._say("doctor", self.question, self.topic.topic, instruction)
         return Phase.ANSWER
 
     async def _answer(self) -> Phase:
@@ -232,7 +247,7 @@ class Dialogue:
              "experience": self.story, "trigger": trigger, "kind": self.topic.kind, "followup": self.followup,
              "triple": dict(zip(("time", "people", "event"), self.triple))},
         )
-        self.turns.append({"speaker": "patient", "text": answer, "topic": self.topic.topic})
+        self._say("patient", answer, self.topic.topic, instruction)
         self.topic_exchanges += 1
         self.exchanges += 1
         return Phase.REVIEW
@@ -256,8 +271,7 @@ class Dialogue:
 
     async def _final(self) -> Phase:
         c = self.case
-        self.turns.append({"speaker": "doctor", "topic": "诊断结果",
-                           "text": P.FINAL.format(diagnosis=c.diagnosis, icd=c.icd_code, treatment=c.treatment)})
+        self._say("doctor", P.FINAL.format(diagnosis=c.diagnosis, icd=c.icd_code, treatment=c.treatment), "诊断结果")
         return Phase.DONE
 
     # --- output ------------------------------------------------------------------------

@@ -223,7 +223,7 @@ def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_top
     if topic is None:
         return P.DOC_OPENING.format(surname=persona.surname)
     if followup:
-        return P.DOC_FOLLOWUP.format(topic=topic.topic, ask=topic.ask or topic.topic, empathy=empathy)
+        return P.DOC_FOLLOWUP.format(topic=topic.topic, empathy=empathy)
     explain = P.DOC_EXPLAIN if persona.explain in ("sometimes", "often") else ""
     return P.DOC_TOPIC.format(transition=P.DOC_TRANSITION if new_topic else "", topic=topic.topic,
                               ask=topic.ask or topic.topic, empathy=empathy, explain=explain)

@@ -3,8 +3,9 @@
 Every agent's prompt starts with its stable part (a system prompt: persona, case,
 fictitious experience), then the dialogue history as alternating messages, append-only;
 what changes per call (the current topic's instruction, a verdict question) is appended to
-the last message. Each call's prompt therefore extends that agent's previous prompt, and
-tool-agent verdicts reuse the doctor's (or patient's) cached prefix.
+the last message. A turn's instruction stays in its speaker's history, so each call's prompt
+extends that agent's previous prompt and its own answer; tool-agent verdicts branch off the
+doctor's (or patient's) cached prefix and are not kept.
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ STORY_USER = """请以第一人称写一段患者过去的经历，150到250字�
 
 DOC_OPENING = "【下一步】请先简短问候并自我介绍（你姓{surname}），然后请患者说说这次来看病最主要的困扰。"
 DOC_TOPIC = "【下一步】{transition}请就「{topic}」向患者提问，需要了解：{ask}。{empathy}{explain}"
-DOC_FOLLOWUP = "【下一步】患者对「{topic}」的回答还不够清楚，请就此追问一个具体细节（{ask}）。{empathy}"
-DOC_TRANSITION = "上一个话题已经问清楚了，自然地过渡到新话题。"
+# the topic's first instruction, with what to find out, is still in the doctor's history
+DOC_FOLLOWUP = "【下一步】患者对「{topic}」的回答还不够清楚，请就此追问一个具体细节。{empathy}"
+DOC_TRANSITION = "自然地过渡到新话题，"
 DOC_EXPLAIN = "提问时用通俗的话简单解释一下为什么要问这个。"
 
 PAT_OPENING = "【回答要求】用自己的话说说这次来看病最主要的困扰，可以说两三个最明显的问题。"
@@ -67,8 +69,8 @@ PAT_FACTS = "依据上面真实情况里的{fields}如实回答。"
 PAT_NO_FACTS = "上面的真实情况没有提到这方面的问题，如实回答（通常是没有或不明显）。"
 PAT_EXPERIENCE = "回答时自然地讲到你过去的那段经历。"
 
-IS_TOPIC_END = "【判断】关于「{topic}」，患者的回答是否已经足够清楚，可以换下一个话题？只回答“是”或“否”。"
-TRIGGER_EXP = "【判断】回答医生这个问题时，是否需要讲到你过去的那段经历？只回答“是”或“否”。"
+IS_TOPIC_END = "【判断】「{topic}」患者已经答清楚、可以换话题了吗？只答“是”或“否”。"
+TRIGGER_EXP = "【判断】回答这个问题要讲到你过去的那段经历吗？只答“是”或“否”。"
 DUP_DETECT = "【判断】下面这些话题中，哪些在前面的对话里患者已经讲清楚了？只从列表中选，没有就返回空列表。\n{topics}"
 PARSE_EXP = "【整理】把患者刚才讲到的过去经历整理成2到3个值得继续追问的要点，每个要点不超过15个字。"
 

@@ -37,6 +37,9 @@ class VLLMOptions(_Frozen):
     max_restarts: int = Field(2, ge=0, description="times an engine actor that died is restarted")
     per_request_seed: bool | None = Field(None, description="send each call's seed to vLLM; None: yes on GPUs, "
                                           "no on the CPU build (its sampler crashes on seeded requests in a batch)")
+    v1_multiprocessing: bool | None = Field(None, description="VLLM_ENABLE_V1_MULTIPROCESSING; None: off on the CPU "
+                                            "build (a separate worker process and its polling cost a core's share "
+                                            "there), vLLM's default elsewhere")
     extra: dict[str, Any] = Field(default_factory=dict, description="passed to AsyncEngineArgs as is")
     startup_timeout_s: float = Field(900.0, gt=0, description="wait this long for the engines to be ready")
     stats_refresh_s: float = Field(5.0, gt=0, description="how often a pool client refreshes engine load")

@@ -184,6 +184,11 @@ class EngineActor:
         if kv is not None:
             # Read by the CPU build when the engine core starts (a spawned child inherits it).
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(float(kv)))))
+        mp = opts.get("v1_multiprocessing")
+        if mp is None and float(opts.get("num_gpus_per_engine", 1.0)) == 0.0:
+            mp = False  # the CPU build: one process fewer competing for the same cores
+        if mp is not None:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if mp else "0"
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

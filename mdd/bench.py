@@ -29,7 +29,7 @@ class Recording(EngineBase):
 
 
 def _split_instruction(text: str) -> tuple[str, str]:
-    """A user message is "<history turn>\n\n<instruction>" (see ops._with_instruction)."""
+    """A user message is "<history turn>\n\n<instruction>" (see ops.with_instruction)."""
     head, sep, tail = text.rpartition("\n\n【")
     return (head, "【" + tail) if sep else (text, "")
 

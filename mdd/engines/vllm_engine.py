@@ -85,6 +85,9 @@ def build_sampling_params(d: dict[str, Any], max_tokens: int | None = None) -> A
     )
 
 
+WORKER_EXTENSION = "mdd.engines.vllm_worker_ext.CPUThreads"
+
+
 def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
     """Every ``VLLMOptions`` field → ``AsyncEngineArgs`` keyword arguments."""
     tp = int(opts.get("tensor_parallel_size", 1))
@@ -102,6 +105,10 @@ def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
     }
     if opts.get("block_size") is not None:
         kw["block_size"] = int(opts["block_size"])
+    if opts.get("kv_cache_dtype", "auto") != "auto":
+        kw["kv_cache_dtype"] = str(opts["kv_cache_dtype"])
+    if opts.get("cpu_threads") and float(opts.get("num_gpus_per_engine", 1.0)) == 0.0:
+        kw["worker_extension_cls"] = WORKER_EXTENSION
     if tp > 1:
         kw["distributed_executor_backend"] = "ray"
     # A model folder with its own tokenizer/ (the tiny model: a character-level tokenizer that
@@ -175,6 +182,59 @@ class PieceTokenizer:
         return ids
 
 
+class ThreadPolicy:
+    """Intra-op threads of a CPU engine by load: ``high`` threads while at least ``min_batch``
+    requests are in flight, one thread once they fall to half of that (hysteresis).
+
+    A decode step of a big batch is mostly attention over every sequence's KV cache and splits
+    well across cores; a step at batch 1 is microseconds of work per operator, and spreading it
+    over threads only adds their synchronisation (measured on 2 cores: one dialogue in flight ran
+    25% slower with 2 threads, 135 in flight ran 15% faster). ``apply`` sends the change to the
+    engine (it lands between two steps); one change is in the air at a time, and a change that
+    fails leaves the policy off.
+    """
+
+    def __init__(self, high: int | None, min_batch: int, apply: Any) -> None:
+        self.high = high if high and high > 1 else None
+        self.min_batch = max(1, min_batch)
+        self.apply = apply
+        # None: not managed; 0: as started (OMP_NUM_THREADS) until the first change
+        self.current: int | None = 0 if self.high else None
+        self.switches = 0
+        self.pending: asyncio.Task[Any] | None = None
+        self.load = 0
+
+    def want(self, load: int) -> int | None:
+        if not self.high:
+            return self.current
+        if load >= self.min_batch:
+            return self.high
+        if load <= self.min_batch // 2:
+            return 1
+        return self.current
+
+    def update(self, load: int) -> None:
+        self.load = load
+        n = self.want(load)
+        if n != self.current and self.pending is None:
+            self._send(n)
+
+    def _send(self, n: int) -> None:
+        self.pending = asyncio.get_running_loop().create_task(self.apply(n))
+        self.pending.add_done_callback(lambda t: self._done(t, n))
+
+    def _done(self, task: asyncio.Task[Any], n: int) -> None:
+        self.pending = None
+        if task.cancelled() or task.exception() is not None:
+            log.warning("engine threads: setting %d failed (%s); keeping %d", n,
+                        None if task.cancelled() else task.exception(), self.current)
+            self.high = None
+            return
+        self.current = int(task.result())
+        self.switches += 1
+        self.update(self.load)  # the load may have moved while the change was in the air
+
+
 @ray.remote
 class EngineActor:
     """One vLLM v1 ``AsyncLLM`` in a Ray actor (async methods: many calls in flight)."""
@@ -211,6 +271,10 @@ class EngineActor:
         self.piece_ids = PieceTokenizer(self.tokenizer)
         cache_config = getattr(getattr(self.llm, "vllm_config", None), "cache_config", None)
         self.block_size = int(getattr(cache_config, "block_size", 0) or 0)  # as vLLM resolved it
+        self.kv_cache_dtype = str(getattr(cache_config, "cache_dtype", "auto"))
+        self.threads = ThreadPolicy(
+            int(opts["cpu_threads"]) if kwargs.get("worker_extension_cls") == WORKER_EXTENSION else None,
+            int(opts.get("cpu_threads_min_batch", 16)), self._set_threads)
         self.in_flight = 0
         self.requests = 0
         self.errors = 0
@@ -253,7 +317,7 @@ class EngineActor:
         if not self.seeded:
             sampling = {**sampling, "seed": None}
         params = build_sampling_params(sampling, max_tokens=min(int(sampling["max_tokens"]), room))
-        self.in_flight += 1
+        self._enter()
         self.requests += 1
         final = None
         try:
@@ -267,7 +331,7 @@ class EngineActor:
             self.errors += 1
             raise
         finally:
-            self.in_flight -= 1
+            self._leave()
         if final is None or not final.outputs:
             raise RuntimeError(f"engine {self.index}: no output for request {request_id}")
         comp = final.outputs[0]
@@ -287,6 +351,18 @@ class EngineActor:
             "finish_reason": comp.finish_reason or "stop",
         }
 
+    def _enter(self) -> None:
+        self.in_flight += 1
+        self.threads.update(self.in_flight)
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        self.threads.update(self.in_flight)
+
+    async def _set_threads(self, n: int) -> int:
+        got = await self.llm.collective_rpc("mdd_set_threads", args=(n,))
+        return int(got[0])
+
     def _exit_soon(self) -> None:
         """The engine core is gone: leave so Ray restarts this actor (max_restarts)."""
         loop = asyncio.get_running_loop()
@@ -302,6 +378,9 @@ class EngineActor:
             "output_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens,
             "block_size": self.block_size,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "threads": self.threads.current,
+            "thread_switches": self.threads.switches,
         }
         queries = hits = None
         try:
@@ -333,17 +412,22 @@ class EngineActor:
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 
-    async def generate_tokens(self, prompt_ids: list[int], max_tokens: int, request_id: str) -> dict[str, Any]:
+    async def generate_tokens(self, prompt_ids: list[int], max_tokens: int, request_id: str,
+                              temperature: float = 0.0) -> dict[str, Any]:
         """A raw request with a forced output length (benchmark baseline: no chat template, no EOS)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(temperature=0.0, max_tokens=max(1, int(max_tokens)), ignore_eos=True,
+        params = SamplingParams(temperature=float(temperature), max_tokens=max(1, int(max_tokens)), ignore_eos=True,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
-            final = out
+        self._enter()
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
+                final = out
+        finally:
+            self._leave()
         n_out = len(final.outputs[0].token_ids) if final is not None and final.outputs else 0
         return {"output_tokens": n_out, "cached_tokens": int(getattr(final, "num_cached_tokens", 0) or 0)}
 

@@ -105,6 +105,7 @@ def test_benchmark_runs_end_to_end_on_the_scripted_engine(tmp_path, ray_session)
     res = run(cfg, out, sequential=2, in_flight=None, eval_embedders=[], waves=1.5)
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["speedup_vs_sequential"] == res["speedup_vs_sequential"] > 0
+    assert saved["speedup_exchanges_per_min"] > 0
     conc = saved["concurrent"]
     assert conc["in_flight"] == 128  # at least 128, even with fewer cases x variants
     # 1.5 waves of 128 over the cases: enough variants per case, all run, none failed

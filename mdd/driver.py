@@ -14,10 +14,8 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-import json
 import logging
 import math
-import os
 import platform
 import sys
 import time
@@ -35,6 +33,7 @@ from mdd import schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
 from mdd.engines.base import EngineBase, EngineError, launch_engine
+from mdd.storage import update_run_json, write_table
 
 log = logging.getLogger("mdd.synthesize")
 
@@ -114,14 +113,6 @@ def shard_name(ids: list[str]) -> str:
     return "part-" + hashlib.sha1("\n".join(ids).encode()).hexdigest()[:16] + ".parquet"
 
 
-def write_table(table: pa.Table, path: Path) -> None:
-    """Atomic: readers (and a rerun after kill -9) see the whole file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
-
-
 def write_rejects(out: Path, rejects: list[Reject]) -> None:
     write_table(pa.Table.from_pylist([r.as_row() for r in rejects], schema=schema.REJECT), out / "rejects.parquet")
 
@@ -134,21 +125,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
-
-
-def update_run_json(out: Path, key: str, value: Any) -> None:
-    """Merge one section into ``run.json`` (synthesis and evaluation each own a key)."""
-    path = out / "run.json"
-    data: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            data = {}
-    data[key] = value
-    tmp = path.with_name("run.json.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2, default=str), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --- the run -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mdd import bench
+from mdd.perf import replay
 from mdd.config import load_config
 from mdd.engines.base import launch_engine
 
@@ -26,7 +26,7 @@ def recorded():
 
     cfg = load_config(REPO_CFG, CASES)
     cases, _ = load_cases(cfg.synth.cases)
-    rec = bench.Recording(launch_engine(cfg.engine))
+    rec = replay.Recording(launch_engine(cfg.engine))
     worker = DialogueWorker({c.case_id: c for c in cases[:1]}, rec, cfg.synth.dialogue, cfg.synth.seed)
     result = asyncio.run(worker.run(cases[0].case_id, 0))
     assert result["ok"], result
@@ -37,13 +37,13 @@ def recorded():
 def test_reference_layout_pastes_a_window_of_turns(recorded):
     doc = [r for r, _ in recorded if r.op == "DocGen"]
     late = doc[-1]
-    assert len(late.messages) > 2 * bench.REF_WINDOW  # a long append-only history
-    ref = bench.reference_layout(late)
+    assert len(late.messages) > 2 * replay.REF_WINDOW  # a long append-only history
+    ref = replay.reference_layout(late)
     (msg,) = ref.messages
     assert msg.role == "user"
     assert msg.content.startswith(late.messages[0].content)  # persona and case first
     turns = [ln for ln in msg.content.split("\n") if ln.startswith(("医生：", "患者："))]
-    assert 0 < len(turns) <= bench.REF_WINDOW
+    assert 0 < len(turns) <= replay.REF_WINDOW
     # the call's own instruction comes last; earlier turns' instructions are not pasted
     instruction = late.messages[-1].content.rpartition("\n\n【")[2]
     assert instruction and msg.content.endswith(instruction)
@@ -54,7 +54,7 @@ def test_reference_topic_end_covers_the_topic_turns(recorded):
     verdicts = [r for r, _ in recorded if r.op == "IsTopicEnd"]
     assert verdicts
     for r in verdicts:
-        ref = bench.reference_layout(r)
+        ref = replay.reference_layout(r)
         assert [m.role for m in ref.messages] == ["system", "user"]
         turns = [ln for ln in ref.messages[1].content.split("\n") if ln.startswith(("医生：", "患者："))]
         assert len(turns) <= 2 * int(r.context.get("exchanges", 1) or 1)
@@ -64,25 +64,25 @@ def test_prefill_only_keeps_the_prompt():
     from mdd.engines.base import Message, Request, Sampling
 
     r = Request(messages=(Message("user", "你好"),), sampling=Sampling(temperature=0.8, max_tokens=64, seed=3))
-    p = bench.prefill_only(r)
+    p = replay.prefill_only(r)
     assert p.messages == r.messages and p.sampling.max_tokens == 1 and p.sampling.seed == 3
 
 
 def test_shaped_prompts_reproduce_lengths_and_cache_behaviour():
-    shapes = [bench.CallShape(100, 64, 5), bench.CallShape(40, 0, 3), bench.CallShape(300, 288, 9)]
-    prompts = bench.shaped_prompts(shapes, vocab=8000, seed=1)
+    shapes = [replay.CallShape(100, 64, 5), replay.CallShape(40, 0, 3), replay.CallShape(300, 288, 9)]
+    prompts = replay.shaped_prompts(shapes, vocab=8000, seed=1)
     assert [len(p) for p in prompts] == [100, 40, 300]
     assert prompts[0][:64] == prompts[2][:64]  # the cached parts are one shared prefix
     assert prompts[0][64:] != prompts[2][64:100]  # the uncached parts are fresh
     assert all(10 <= t < 8000 for p in prompts for t in p)
-    assert bench.CallShape.from_log((100, 64, 5, 1.0, 2.0)) == shapes[0]
+    assert replay.CallShape.from_log((100, 64, 5, 1.0, 2.0)) == shapes[0]
 
 
 def test_occupancy_is_time_weighted():
     # 2 requests over [0, 10], a third over [0, 5]: mean 2.5, at least 90% of 3 for half the time
-    occ = bench.occupancy([(0.0, 10.0), (0.0, 10.0), (0.0, 5.0)], target=3)
+    occ = replay.occupancy([(0.0, 10.0), (0.0, 10.0), (0.0, 5.0)], target=3)
     assert occ == {"mean_in_flight": 2.5, "share_near_target": 0.5}
-    assert bench.occupancy([], 4) == {"mean_in_flight": 0.0, "share_near_target": 0.0}
+    assert replay.occupancy([], 4) == {"mean_in_flight": 0.0, "share_near_target": 0.0}
 
 
 def test_check_targets_directions():
@@ -101,7 +101,7 @@ def test_benchmark_runs_end_to_end_on_the_scripted_engine(tmp_path, ray_session)
     from jobs.benchmark import run
 
     cfg = load_config(REPO_CFG, {**CASES, "synth.variants": 1})
-    out = tmp_path / "bench.json"
+    out = tmp_path / "replay.json"
     res = run(cfg, out, sequential=2, in_flight=None, eval_embedders=[], waves=1.5)
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["speedup_vs_sequential"] == res["speedup_vs_sequential"] > 0

@@ -11,10 +11,8 @@ fixed names (``part-00000.parquet`` …): a rerun replaces them (eval/ and index
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mdd.schema import DIALOGUE_EVAL, METRICS, RULE_RESULT, TURN_EVAL
+from mdd.storage import update_run_json
 
 log = logging.getLogger("mdd.evaluate")
 
@@ -211,22 +210,6 @@ def _dialogue_eval(turns: pa.Table, rules: pa.Table, case_of: dict[str, str]) ->
     return _sorted(pa.Table.from_pydict(data).cast(DIALOGUE_EVAL), ["dialogue_id"])
 
 
-def _merge_run_json(out_dir: Path, summary: dict) -> None:
-    path = out_dir / "run.json"
-    data: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-    data["evaluate"] = summary
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def run_evaluate(cfg: Any, out_dir: str | Path, quiet: bool = False) -> dict:
     """Evaluate ``OUT/synth``; writes eval/, index/ and run.json['evaluate']; returns the summary.
 
@@ -394,7 +377,7 @@ def _run(cfg: Any, out: Path, quiet: bool, t0: float) -> dict:
         "cpus": n_cpu,
         "gpus": n_gpu,
     }
-    _merge_run_json(out, summary)
+    update_run_json(out, "evaluate", summary)
     if not quiet:
         print(format_summary(summary))
     return summary

@@ -1,0 +1,1 @@
+"""Performance measurement: call replays, occupancy, the evaluation stage's throughput (used by ``jobs.benchmark``)."""

@@ -40,7 +40,7 @@ def tiny_model_dir() -> Path:
 def vllm_engine(ray_session, tiny_model_dir):
     """A launched ``VLLMPoolEngine`` configured as configs/local-vllm.yaml (tiny model)."""
     from mdd.config import load_config
-    from mdd.engines.vllm_engine import VLLMPoolEngine
+    from mdd.engines.vllm import VLLMPoolEngine
 
     cfg = load_config(REPO / "configs" / "local-vllm.yaml").engine
     cfg = cfg.model_copy(update={"model": f"tiny:{tiny_model_dir}"})

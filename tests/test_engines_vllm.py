@@ -136,7 +136,7 @@ async def test_engine_threads_follow_the_batch(vllm_engine):
 def test_piece_tokenizer_matches_whole_prompt_encoding(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from mdd.engines.vllm_engine import PieceTokenizer
+    from mdd.engines.vllm import PieceTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir / "tokenizer"))
     pieces = PieceTokenizer(tok)
@@ -165,7 +165,7 @@ class _SpacePrefixing:
 
 
 def test_piece_tokenizer_falls_back_when_pieces_do_not_compose():
-    from mdd.engines.vllm_engine import PieceTokenizer
+    from mdd.engines.vllm import PieceTokenizer
 
     pieces = PieceTokenizer(_SpacePrefixing())
     assert pieces.split is None
@@ -173,7 +173,7 @@ def test_piece_tokenizer_falls_back_when_pieces_do_not_compose():
 
 
 def test_new_sessions_go_to_least_loaded_engine():
-    from mdd.engines.vllm_engine import VLLMPoolEngine
+    from mdd.engines.vllm import VLLMPoolEngine
 
     pool = VLLMPoolEngine([object(), object(), object()], "m")
     first = [pool.engine_for(f"s{i}") for i in range(3)]
@@ -190,7 +190,7 @@ def test_new_sessions_go_to_least_loaded_engine():
 def test_pool_pickles_without_routing_state():
     import pickle
 
-    from mdd.engines.vllm_engine import VLLMPoolEngine
+    from mdd.engines.vllm import VLLMPoolEngine
 
     pool = VLLMPoolEngine(["h0", "h1"], "m")
     pool.engine_for("x")
@@ -201,7 +201,7 @@ def test_pool_pickles_without_routing_state():
 async def test_dead_engine_raises_engine_error_and_unsticks(ray_session):
     import ray
 
-    from mdd.engines.vllm_engine import VLLMPoolEngine
+    from mdd.engines.vllm import VLLMPoolEngine
 
     @ray.remote(num_cpus=0)
     class Fake:
@@ -231,7 +231,7 @@ async def test_dead_engine_raises_engine_error_and_unsticks(ray_session):
 
 
 async def test_thread_policy_follows_load_with_hysteresis():
-    from mdd.engines.vllm_engine import ThreadPolicy
+    from mdd.engines.vllm import ThreadPolicy
 
     sent: list[int] = []
 
@@ -270,7 +270,7 @@ async def test_thread_policy_follows_load_with_hysteresis():
 
 
 async def test_thread_policy_off_without_cpu_threads_or_after_a_failure():
-    from mdd.engines.vllm_engine import ThreadPolicy
+    from mdd.engines.vllm import ThreadPolicy
 
     async def fail(n: int) -> int:
         raise RuntimeError("no such method")

@@ -150,7 +150,7 @@ def test_engine_actor_death_mid_run_is_retried(ray_session, tmp_path):
     """An engine actor that dies is restarted by Ray; its dialogues are retried from their start."""
     import ray
 
-    from mdd.engines.vllm_engine import VLLMPoolEngine
+    from mdd.engines.vllm import VLLMPoolEngine
 
     @ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0, max_concurrency=100)
     class DiesOnce:

@@ -84,7 +84,7 @@ class Engine(Protocol):
 
 _REGISTRY: dict[str, str] = {
     "scripted": "mdd.engines.scripted:ScriptedEngine",
-    "vllm": "mdd.engines.vllm_engine:VLLMPoolEngine",
+    "vllm": "mdd.engines.vllm:VLLMPoolEngine",
     "openai": "mdd.engines.openai_engine:OpenAIEngine",
 }
 

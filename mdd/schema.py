@@ -8,7 +8,7 @@ import pyarrow as pa
 
 TURN = pa.struct(
     [
-        pa.field("speaker", pa.string(), nullable=False),  # "doctor" | "patient"
+        pa.field("speaker", pa.string(), nullable=False),  # "doctor" | "patient" | "companion"
         pa.field("text", pa.string(), nullable=False),
         pa.field("topic", pa.string()),
     ]

@@ -20,6 +20,9 @@ from mdd import knowledge
 from mdd.cases import Case
 
 GRAFT = "experience"
+# Who a topic's question goes to: the patient (default), the companion in the room (dropped from
+# the agenda when nobody came with the patient), or either (the companion when present, by chance).
+AUDIENCES = ("patient", "companion", "either")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,7 @@ class Topic:
     graft: str | None = None  # the graft point of the experience inquiry tree
     group: str = ""  # id of the top-level group (event, symptoms, personal, family ...)
     kind: str = "symptom"  # symptom | graft | experience | probe
+    audience: str = "patient"  # patient | companion | either (see AUDIENCES)
 
     @property
     def is_leaf(self) -> bool:
@@ -54,7 +58,8 @@ def _tuple(v: Any) -> tuple:
     return (v,)
 
 
-def parse_node(data: dict[str, Any], where: str) -> Topic:
+def parse_node(data: dict[str, Any], where: str, inherit: str = "patient") -> Topic:
+    """A node and its subtree; ``inherit``: the audience of the enclosing group (or module)."""
     if not isinstance(data, dict):
         raise knowledge.KnowledgeError(f"{where}: a node must be a mapping, got {data!r}")
     if "graft" in data:
@@ -72,9 +77,12 @@ def parse_node(data: dict[str, Any], where: str) -> Topic:
         if not data.get(key):
             raise knowledge.KnowledgeError(f"{where}: node without `{key}`: {data!r}")
     nid = str(data["id"])
-    children = tuple(parse_node(c, f"{where}/{nid}") for c in data.get("children") or ())
+    audience = data.get("audience", inherit)
+    if audience not in AUDIENCES:
+        raise knowledge.KnowledgeError(f"{where}/{nid}: audience must be one of {AUDIENCES}, got {audience!r}")
+    children = tuple(parse_node(c, f"{where}/{nid}", audience) for c in data.get("children") or ())
     probes = tuple(
-        replace(parse_node(p, f"{where}/{nid}/probes"), kind="probe") for p in data.get("probes") or ()
+        replace(parse_node(p, f"{where}/{nid}/probes", audience), kind="probe") for p in data.get("probes") or ()
     )
     order = data.get("order")
     if order not in (None, "fixed", "random"):
@@ -91,6 +99,7 @@ def parse_node(data: dict[str, Any], where: str) -> Topic:
         when=dict(data.get("when") or {}),
         probes=probes,
         if_answer=tuple(str(k) for k in _tuple(data.get("if_answer"))),
+        audience=audience,
     )
 
 
@@ -156,7 +165,7 @@ def build_tree(case: Case) -> Topic:
     for mod in knowledge.module_data():
         if not condition_holds(mod.get("when") or {}, case):
             continue
-        nodes = [parse_node(n, f"modules/{mod['id']}") for n in mod.get("nodes") or ()]
+        nodes = [parse_node(n, f"modules/{mod['id']}", mod.get("audience", "patient")) for n in mod.get("nodes") or ()]
         root, ok = _attach(root, mod["attach_to"], nodes)
         if not ok:
             raise knowledge.KnowledgeError(f"module {mod['id']}: attach_to {mod['attach_to']!r} is not a node of {name}")
@@ -164,6 +173,24 @@ def build_tree(case: Case) -> Topic:
     if pruned is None:
         raise knowledge.KnowledgeError(f"{name}: no topics left for case {case.case_id}")
     return pruned
+
+
+def for_audience(node: Topic, companion_present: bool) -> Topic:
+    """The tree as asked in this room: without a companion, ``audience: companion`` topics (and
+    groups left empty by that) are dropped; with one, every topic stays. A topic's own audience
+    decides (an ``either`` topic in a companion group stays)."""
+    if companion_present:
+        return node
+
+    def keep(n: Topic) -> Topic | None:
+        if n.is_leaf and n.audience == "companion":
+            return None
+        kids = [k for c in n.children if (k := keep(c))]
+        if n.children and not kids:
+            return None
+        return replace(n, children=tuple(kids), probes=tuple(p for p in n.probes if p.audience != "companion"))
+
+    return keep(node) or replace(node, children=())
 
 
 def rand_visit(node: Topic, rng: random.Random) -> list[Topic]:

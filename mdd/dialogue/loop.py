@@ -20,7 +20,7 @@ from mdd.config import DialogueConfig
 from mdd.dialogue import ops
 from mdd.dialogue import prompts as P
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
-from mdd.tree import Topic, TopicAgenda, build_tree
+from mdd.tree import Topic, TopicAgenda, build_tree, for_audience
 
 ROLES = ("doctor", "patient", "tool")
 MIN_DOCTOR_TURNS = 10  # DupDetect never trims a dialogue below this many questions
@@ -84,6 +84,7 @@ class Dialogue:
         self.new_topic = False
         self.question = ""
         self.patient_system = ""
+        self.companion = None  # who came along to the visit (none yet: companion topics are dropped)
         self.doctor_system = persona.system_prompt()
         s = cfg.sampling
         self.sp_doctor = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.doctor_max_tokens,
@@ -166,7 +167,7 @@ class Dialogue:
         return self.row()
 
     async def _start(self) -> Phase:
-        self.agenda = TopicAgenda(build_tree(self.case), self.rng)
+        self.agenda = TopicAgenda(for_audience(build_tree(self.case), self.companion is not None), self.rng)
         return Phase.EXPERIENCE
 
     async def _experience(self) -> Phase:

@@ -303,14 +303,17 @@ class LLMJudge:
             lines.append(f"[第{ex.index}轮]")
             if ex.doctor:
                 lines.append(f"{roles['doctor']}：{self._clip(ex.doctor)}")
-            if ex.patient is not None and (last_answer or ex.index < end):
-                lines.append(f"{roles['patient']}：{self._clip(ex.patient)}")
+            if last_answer or ex.index < end:
+                for who in ("patient", "companion"):
+                    text = getattr(ex, who)
+                    if text is not None:
+                        lines.append(f"{roles[who]}：{self._clip(text)}")
         return "\n".join(lines)
 
     @staticmethod
     def _who(cond: Condition, rule: Rule) -> str:
         roles = rule.role_labels
-        return {"doctor": roles["doctor"], "patient": roles["patient"]}.get(
+        return {"doctor": roles["doctor"], "patient": roles["patient"], "companion": roles["companion"]}.get(
             cond.speaker, f"{roles['doctor']}和{roles['patient']}"
         )
 

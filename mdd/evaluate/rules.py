@@ -47,10 +47,15 @@ Rule sets are YAML files in ``mdd/knowledge/rules/`` (see ``psychiatric.yaml``):
 
 A condition mapping has ``text`` (natural language, for the LLM judge), keyword hints for
 the offline judge (``any``: at least one; ``all``: a list of groups, each needing one hit;
-``none``: none may appear), ``speaker`` (doctor | patient | any), ``scope`` (cumulative |
-turn: whether the hints may be satisfied across exchanges), and, for preconditions only,
-``meta`` (``age_min``, ``age_max``, ``gender``) with ``combine`` (all | any) saying how the
-metadata test and the keyword test combine.
+``none``: none may appear), ``speaker`` (doctor | patient | companion | any), ``scope``
+(cumulative | turn: whether the hints may be satisfied across exchanges), and, for
+preconditions only, ``meta`` (``age_min``, ``age_max``, ``gender``, ``companion``: whether a
+family member is in the room) with ``combine`` (all | any) saying how the metadata test and
+the keyword test combine.
+
+A third speaker, the companion (``speaker = "companion"`` in the turns), answers some doctor
+turns and interjects after some patient answers: both go to the exchange's ``companion`` text.
+Two-speaker dialogues read as before.
 """
 from __future__ import annotations
 
@@ -73,12 +78,13 @@ RULES_DIR = Path(__file__).resolve().parent.parent / "knowledge" / "rules"
 RULE_ID = re.compile(r"^multi_turn:(N_th|FIRST_N):(conv|ask):([A-Za-z0-9_][A-Za-z0-9_.\-]*)$")
 MODES = ("N_th", "FIRST_N")
 KINDS = ("conv", "ask")
-SPEAKERS = ("doctor", "patient", "any")
+SPEAKERS = ("doctor", "patient", "companion", "any")
 SCOPES = ("cumulative", "turn")
-DEFAULT_ROLES = {"doctor": "医生", "patient": "患者"}
+DEFAULT_ROLES = {"doctor": "医生", "patient": "患者", "companion": "家属"}
 
 _DOCTOR = {"doctor", "bot", "assistant", "医生", "助手"}
 _PATIENT = {"patient", "user", "患者", "用户"}
+_COMPANION = {"companion", "家属", "陪同者"}
 _MALE = {"male", "m", "男", "男性"}
 _FEMALE = {"female", "f", "女", "女性"}
 
@@ -118,10 +124,14 @@ class Meta:
     age_min: int | None = None
     age_max: int | None = None
     gender: str | None = None  # "male" | "female"
+    companion: bool | None = None  # a family member is (True) / is not (False) in the room
 
-    def check(self, age: Any, gender: Any) -> tuple[bool, dict[str, Any]]:
+    def check(self, age: Any, gender: Any, companion: Any = None) -> tuple[bool, dict[str, Any]]:
         ev: dict[str, Any] = {"age": age, "gender": gender}
         ok = True
+        if self.companion is not None:
+            ev["companion"] = companion
+            ok = bool(companion) == self.companion
         if self.age_min is not None or self.age_max is not None:
             try:
                 a = int(age) if age is not None else None
@@ -144,6 +154,8 @@ class Meta:
             parts.append(f"age<={self.age_max}")
         if self.gender is not None:
             parts.append(f"gender={self.gender}")
+        if self.companion is not None:
+            parts.append(f"companion={self.companion}")
         return " and ".join(parts)
 
 
@@ -201,7 +213,7 @@ class Rule:
 
 
 _COND_KEYS = {"text", "speaker", "any", "all", "none", "scope", "meta", "combine", "negation"}
-_META_KEYS = {"age_min", "age_max", "gender"}
+_META_KEYS = {"age_min", "age_max", "gender", "companion"}
 _RULE_KEYS = {"id", "n", "precondition", "criterion", "description"}
 _SET_KEYS = {"name", "description", "roles", "preconditions", "rules"}
 
@@ -263,10 +275,14 @@ def _condition(raw: Any, where: str, *, allow_meta: bool) -> Condition:
             gender = normalize_gender(m["gender"])
             if gender is None:
                 raise RuleError(f"{where}.meta.gender: expected male/female (男/女), got {m['gender']!r}")
+        companion = m.get("companion")
+        if companion is not None and not isinstance(companion, bool):
+            raise RuleError(f"{where}.meta.companion: expected true or false, got {companion!r}")
         meta = Meta(
             age_min=_int(m["age_min"], f"{where}.meta.age_min", 0) if m.get("age_min") is not None else None,
             age_max=_int(m["age_max"], f"{where}.meta.age_max", 0) if m.get("age_max") is not None else None,
             gender=gender,
+            companion=companion,
         )
     negation = raw.get("negation")
     if negation is not None and not isinstance(negation, bool):
@@ -353,8 +369,8 @@ def parse_rule_set(data: Any, source: str = "<memory>") -> list[Rule]:
         raise RuleError(f"{source}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_SET_KEYS)}")
     set_name = str(data.get("name") or Path(source).stem)
     roles_raw = data.get("roles") or {}
-    if not isinstance(roles_raw, Mapping) or set(roles_raw) - {"doctor", "patient"}:
-        raise RuleError(f"rule set {set_name!r}.roles: expected {{doctor: label, patient: label}}")
+    if not isinstance(roles_raw, Mapping) or set(roles_raw) - set(DEFAULT_ROLES):
+        raise RuleError(f"rule set {set_name!r}.roles: expected {{doctor: label, patient: label, companion: label}}")
     roles = tuple({**DEFAULT_ROLES, **{k: str(v) for k, v in roles_raw.items()}}.items())
     named_raw = data.get("preconditions") or {}
     if not isinstance(named_raw, Mapping):
@@ -415,6 +431,7 @@ class Exchange:
     index: int
     doctor: str
     patient: str | None  # None: a doctor turn without answer (e.g. the final diagnosis)
+    companion: str | None = None  # what the family member in the room said in this exchange
 
 
 @dataclass(frozen=True)
@@ -427,18 +444,21 @@ class DialogueView:
     gender: Any = None
     diagnosis: str | None = None
     icd_code: str | None = None
+    companion: str | None = None  # the companion's relation (母亲, 丈夫 …); None: the patient came alone
 
     def __len__(self) -> int:
         return len(self.exchanges)
 
     def text(self, i: int, speaker: str) -> str:
-        """The text of ``speaker`` (doctor | patient | any) in exchange ``i``."""
+        """The text of ``speaker`` (doctor | patient | companion | any) in exchange ``i``."""
         ex = self.exchanges[i]
         if speaker == "doctor":
             return ex.doctor
         if speaker == "patient":
             return ex.patient or ""
-        return f"{ex.doctor}\n{ex.patient or ''}"
+        if speaker == "companion":
+            return ex.companion or ""
+        return "\n".join(t for t in (ex.doctor, ex.patient or "", ex.companion) if t is not None)
 
     def upto(self, i: int, speaker: str) -> str:
         """The text of ``speaker`` in exchanges ``0..i`` (cumulative)."""
@@ -450,28 +470,28 @@ class DialogueView:
         turns = rec.get("turns")
         if turns is None:
             raise ValueError(f"dialogue {did!r}: field 'turns' is missing")
-        exchanges: list[list] = []  # [doctor, patient|None]
+        exchanges: list[list] = []  # [doctor, patient|None, companion|None]
         for k, t in enumerate(list(turns)):
             spk = str(t.get("speaker", "")).strip().lower()
             text = str(t.get("text") or "")
             if spk in _DOCTOR:
-                exchanges.append([text, None])
-            elif spk in _PATIENT:
-                if not exchanges:
-                    exchanges.append(["", text])  # the patient spoke first
-                elif exchanges[-1][1] is None:
-                    exchanges[-1][1] = text
-                else:
-                    exchanges[-1][1] += "\n" + text  # two patient turns in a row
-            else:
+                exchanges.append([text, None, None])
+                continue
+            slot = 1 if spk in _PATIENT else 2 if spk in _COMPANION else None
+            if slot is None:
                 raise ValueError(f"dialogue {did!r}: turn {k} has unknown speaker {t.get('speaker')!r}")
+            if not exchanges:
+                exchanges.append(["", None, None])  # the patient (or companion) spoke first
+            ex = exchanges[-1]
+            ex[slot] = text if ex[slot] is None else ex[slot] + "\n" + text  # two turns in a row
         return cls(
             dialogue_id=did,
-            exchanges=tuple(Exchange(i, d, p) for i, (d, p) in enumerate(exchanges)),
+            exchanges=tuple(Exchange(i, d, p, c) for i, (d, p, c) in enumerate(exchanges)),
             age=rec.get("age"),
             gender=rec.get("gender"),
             diagnosis=rec.get("diagnosis"),
             icd_code=rec.get("icd_code"),
+            companion=rec.get("companion"),
         )
 
 
@@ -588,7 +608,7 @@ class _Run:
     async def _precondition(self, view: DialogueView, cond: Condition, rule: Rule) -> Anchor:
         ev: dict[str, Any] = {}
         if cond.meta is not None:
-            meta_ok, mev = cond.meta.check(view.age, view.gender)
+            meta_ok, mev = cond.meta.check(view.age, view.gender, view.companion)
             ev["meta"] = {**mev, "test": cond.meta.describe(), "ok": meta_ok}
             if meta_ok and (cond.combine == "any" or not cond.has_text_test):
                 return Anchor(0, {**ev, "source": "meta"})

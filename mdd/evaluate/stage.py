@@ -29,7 +29,7 @@ from mdd.storage import update_run_json
 log = logging.getLogger("mdd.evaluate")
 
 DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "gender",
-                    "doctor_persona"]
+                    "doctor_persona", "companion"]
 SHARD_ROWS = 200_000
 EMB_COLUMN = "__qa_emb"
 RECORD_COLUMN = "__record"
@@ -51,12 +51,16 @@ _EXCHANGE_SCHEMA = pa.schema(
 
 # --- dialogues → exchanges ------------------------------------------------------------
 
+ANSWERERS = ("patient", "companion")
+
+
 def exchanges_of(turns: list[dict] | None) -> list[tuple[int, str | None, str, str]]:
-    """(turn index, topic, question, answer) of each doctor turn followed by a patient turn."""
+    """(turn index, topic, question, answer) of each doctor turn answered by the patient or by
+    the companion in the room (a companion's interjection after a patient answer is no exchange)."""
     out = []
     turns = turns or []
     for a, b in zip(turns, turns[1:]):
-        if a and b and a.get("speaker") == "doctor" and b.get("speaker") == "patient":
+        if a and b and a.get("speaker") == "doctor" and b.get("speaker") in ANSWERERS:
             out.append((len(out), a.get("topic") or b.get("topic"), a.get("text") or "", b.get("text") or ""))
     return out
 
@@ -145,7 +149,7 @@ class _RuleRunner:
     def __call__(self, batch: pa.Table) -> pa.Table:
         from mdd.evaluate.rules import evaluate_rules
 
-        cols = ["dialogue_id", "turns", "age", "gender", "diagnosis", "icd_code"]
+        cols = ["dialogue_id", "turns", "age", "gender", "diagnosis", "icd_code", "companion"]
         dialogues = [
             {c: r.get(c) for c in cols}
             for r in batch.select([c for c in cols if c in batch.column_names]).to_pylist()

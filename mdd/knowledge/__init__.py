@@ -2,6 +2,7 @@
 
 - ``trees/{female,male}_{teen,adult,elderly}.yaml``: symptom inquiry trees (SCID-5 topics)
 - ``modules/*.yaml``: per-disorder modules attached under a tree node when their condition holds
+  (a module's top-level ``audience`` is the default of its nodes; see ``mdd.tree.AUDIENCES``)
 - ``graphs/{female,male}_{teen,adult,elderly}.yaml``: experience knowledge graphs (time, people, events)
 - ``personas.yaml``: doctor personas
 - ``rules/*.yaml``, ``lexicons.yaml``: the evaluation stage's rule sets and lexicons

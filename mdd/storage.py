@@ -24,6 +24,55 @@ def write_table(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def write_bytes(data: bytes, path: Path) -> None:
+    """Atomic, like ``write_table``: a report, a plot, a card or an export file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_text(text: str, path: Path) -> None:
+    write_bytes(text.encode("utf-8"), path)
+
+
+def _parquet_files(path: Path) -> list[Path]:
+    path = Path(path)
+    return sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.is_file() else []
+
+
+def read_schema_names(path: Path) -> list[str] | None:
+    """Column names over a Parquet file or folder (union, first-seen order); None when absent."""
+    files = _parquet_files(path)
+    if not files:
+        return None
+    names: dict[str, None] = {}
+    for f in files:
+        names.update(dict.fromkeys(pq.read_schema(f).names))
+    return list(names)
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    """A Parquet file or a folder of them (``*.parquet``, sorted by name) as one table; None when absent.
+
+    Tolerant of shards written before a column was added: ``columns`` missing from a shard (or from
+    all of them) come back as nulls, and shards with extra columns are unified.
+    """
+    files = _parquet_files(path)
+    if not files:
+        return None
+    tables = []
+    for f in files:
+        names = pq.read_schema(f).names
+        tables.append(pq.read_table(f, columns=[c for c in columns if c in names] if columns else None))
+    table = pa.concat_tables(tables, promote_options="permissive")
+    for c in columns or []:
+        if c not in table.column_names:
+            table = table.append_column(c, pa.nulls(table.num_rows))
+    return table
+
+
 def read_run_json(out: Path) -> dict[str, Any]:
     """``OUT/run.json`` as a dict ({} when missing or unreadable)."""
     path = Path(out) / RUN_JSON

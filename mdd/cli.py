@@ -8,6 +8,8 @@ COMMANDS = {
     "synthesize": ("jobs.synthesize", "synthesize dialogues from patient cases"),
     "evaluate": ("jobs.evaluate", "run the evaluation stage over OUT/synth"),
     "run": ("jobs.run", "synthesize, then evaluate (the main job)"),
+    "report": ("jobs.report", "rebuild a run's report (HTML + PNG) and dataset card"),
+    "export": ("jobs.export", "fine-tuning export: chat messages (sft) or ShareGPT, filtered by the evaluation"),
     "search": ("jobs.search", "nearest question-answer pairs in the FAISS index"),
     "import-mdd5k": ("jobs.import_mdd5k", "import MDD-5k-format dialogues as a dialogue table"),
     "benchmark": ("jobs.benchmark", "throughput, engine utilisation and prefix-cache figures"),

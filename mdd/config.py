@@ -130,12 +130,37 @@ class EvaluateConfig(_Frozen):
     lexicon: str | None = Field(None, description="evaluator lexicon YAML; None: mdd/knowledge/lexicons.yaml")
 
 
+class ExportConfig(_Frozen):
+    """``mdd export``: SFT (OpenAI messages) / ShareGPT rows filtered by the evaluation."""
+
+    min_quality: float | None = Field(None, ge=0.0, le=1.0, description="keep dialogues whose mean of `metric` "
+                                      "(eval/dialogues) is at least this; None keeps all")
+    metric: str = Field("overall", description="the eval/dialogues column min_quality applies to")
+    min_rule_pass: float | None = Field(None, ge=0.0, le=1.0, description="keep dialogues that passed at least "
+                                        "this share of their triggered rules; None keeps all")
+    mask_below: float | None = Field(None, ge=0.0, le=1.0, description="trim instead of drop: doctor turns whose "
+                                     "exchange scores below this doctor_quality get weight 0 (kept as context, "
+                                     "not trained on); None: every doctor turn has weight 1")
+
+
+class PublishConfig(_Frozen):
+    """The run report, the dataset card and the exports (``mdd/publish/``)."""
+
+    report: bool = Field(True, description="the main job writes OUT/report.html, OUT/report/*.png, OUT/README.md")
+    reference: str | None = Field(None, description="a dialogue table (run folder or Parquet) whose figures the "
+                                  "report shows as reference; None: the published MDD-5k figures")
+    license: str = Field("apache-2.0", description="the dataset card's licence (a Hugging Face licence id)")
+    pretty_name: str | None = Field(None, description="the dataset card's title; None: from run_name")
+    export: ExportConfig = ExportConfig()
+
+
 class Config(_Frozen):
     run_name: str = "local"
     engine: EngineConfig = EngineConfig()
     synth: SynthConfig = SynthConfig()
     ray: RayConfig = RayConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    publish: PublishConfig = PublishConfig()
 
     @field_validator("run_name")
     @classmethod

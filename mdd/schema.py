@@ -150,3 +150,35 @@ QA_SIDECAR = pa.schema(
         pa.field("persona", pa.string()),
     ]
 )
+
+# --- exports (mdd export) -----------------------------------------------------------
+
+CHAT_MESSAGE = pa.struct(
+    [
+        pa.field("role", pa.string(), nullable=False),  # "system" | "user" | "assistant"
+        pa.field("content", pa.string(), nullable=False),
+        pa.field("weight", pa.int8()),  # assistant turns: 1 trained on, 0 context only; null otherwise
+    ]
+)
+
+_EXPORT_LABELS = [
+    pa.field("dialogue_id", pa.string(), nullable=False),
+    pa.field("case_id", pa.string()),
+    pa.field("icd_code", pa.string()),
+    pa.field("diagnosis", pa.string()),
+    pa.field("quality", pa.float64()),  # the dialogue's mean of the filter metric (null without evaluation)
+]
+
+# One row per exported dialogue: OUT/export/sft/ (OpenAI chat messages; the doctor is the assistant)
+SFT_ROW = pa.schema([*_EXPORT_LABELS, pa.field("messages", pa.list_(CHAT_MESSAGE))])
+
+# One row per exported dialogue: OUT/export/sharegpt/ (from: human = patient, gpt = doctor)
+SHAREGPT_ROW = pa.schema([
+    *_EXPORT_LABELS,
+    pa.field("system", pa.string()),
+    pa.field("conversations", pa.list_(pa.struct([
+        pa.field("from", pa.string(), nullable=False),
+        pa.field("value", pa.string(), nullable=False),
+        pa.field("weight", pa.int8()),
+    ]))),
+])

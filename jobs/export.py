@@ -1,0 +1,55 @@
+"""Fine-tuning export: ``python -m jobs.export --out DIR --format sft|sharegpt [filters]`` (``mdd export``).
+
+Writes DIR/export/<format>/part-*.parquet and DIR/export/<format>.jsonl, records the export in
+DIR/run.json and rewrites the dataset card (DIR/README.md) so that it lists the export.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mdd export", description="One row per dialogue as chat messages (SFT) or ShareGPT.")
+    p.add_argument("--config", default=None, help="YAML config (publish.export gives the default filters)")
+    p.add_argument("--out", default=None, help="run folder (default: synth.out of the config)")
+    p.add_argument("--format", default="sft", choices=["sft", "sharegpt"])
+    p.add_argument("--min-quality", type=float, help="keep dialogues whose mean --metric is at least this")
+    p.add_argument("--metric", help="eval/dialogues column for --min-quality (default: overall)")
+    p.add_argument("--min-rule-pass", type=float, help="keep dialogues that passed this share of their triggered rules")
+    p.add_argument("--mask-below", type=float, help="doctor turns whose doctor_quality is below this get weight 0")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from mdd.config import ConfigError, load_config
+    from mdd.publish.export import ExportError, Filters, export
+
+    try:
+        cfg = load_config(args.config, {"publish.export.min_quality": args.min_quality,
+                                        "publish.export.metric": args.metric,
+                                        "publish.export.min_rule_pass": args.min_rule_pass,
+                                        "publish.export.mask_below": args.mask_below})
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out or cfg.synth.out)
+    e = cfg.publish.export
+    try:
+        s = export(out, args.format, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below))
+    except ExportError as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 2
+    from mdd.publish.card import write_card
+
+    write_card(out, cfg if args.config else None)
+    dropped = ", ".join(f"{v} {k}" for k, v in s["dropped"].items()) or "none"
+    print(f"export: {s['rows']} dialogues as {args.format} -> {', '.join(str(out / f) for f in s['files'])}; "
+          f"left out: {dropped}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Rebuild a run's report and dataset card: ``python -m jobs.report --out DIR [--reference REF]`` (``mdd report``).
+
+Writes DIR/report.html (self-contained), DIR/report/*.png, DIR/README.md (Hugging Face dataset card)
+and the ``report`` key of DIR/run.json. The main job (``jobs.run``) does the same after evaluating.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mdd report", description="Write the run report (HTML + PNG) and the dataset card.")
+    p.add_argument("--config", default=None, help="YAML config (licence and title of the card; default: the run's)")
+    p.add_argument("--out", default=None, help="run folder (default: synth.out of the config)")
+    p.add_argument("--reference", default=None, help="dialogue table to compare with (a run folder or Parquet, e.g. "
+                   "the output of jobs.import_mdd5k); default: publish.reference, else the published MDD-5k figures")
+    return p
+
+
+def publish(cfg, out: str | Path, reference: str | None = None) -> int:
+    """Report + card for ``out``; prints where they are. Returns an exit code."""
+    from mdd.publish.card import write_card
+    from mdd.publish.report import build_report
+
+    ref = reference or cfg.publish.reference
+    try:
+        summary = build_report(out, ref)
+        card = write_card(out, cfg, ref)
+    except FileNotFoundError as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
+    bad = {k: v for k, v in summary["panels"].items() if v.startswith("error")}
+    print(f"report: {Path(out) / summary['file']} ({len(summary['figures'])} figures in {Path(out) / 'report'}/), "
+          f"dataset card {card}" + (f"; panels that failed: {', '.join(bad)}" if bad else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from mdd.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out or cfg.synth.out)
+    if not (out / "synth").is_dir():
+        print(f"report: {out / 'synth'}: no dialogues here (run the main job or jobs.synthesize first)", file=sys.stderr)
+        return 2
+    return publish(cfg, out, args.reference)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

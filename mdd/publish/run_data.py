@@ -1,0 +1,77 @@
+"""A finished run's outputs, read defensively for the report, the card and the exports.
+
+Each table is read on first use and is ``None`` when the stage that writes it has not run (or
+wrote nothing); columns that other stages add later are used when present. Nothing here writes.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from mdd import knowledge
+from mdd.storage import read_run_json, read_schema_names, read_table
+
+SYNTH_COLUMNS_SKIPPED = ("experience",)  # long free text no reader here needs
+
+
+class RunData:
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+
+    @cached_property
+    def run_json(self) -> dict[str, Any]:
+        return read_run_json(self.out)
+
+    def section(self, *keys: str) -> Any:
+        """``run_json[k1][k2]…`` or None."""
+        node: Any = self.run_json
+        for k in keys:
+            if not isinstance(node, dict) or k not in node:
+                return None
+            node = node[k]
+        return node
+
+    @cached_property
+    def synth(self) -> pa.Table | None:
+        names = read_schema_names(self.out / "synth")
+        if names is None:
+            return None
+        return read_table(self.out / "synth", [c for c in names if c not in SYNTH_COLUMNS_SKIPPED])
+
+    @cached_property
+    def turn_eval(self) -> pa.Table | None:
+        return read_table(self.out / "eval" / "turns")
+
+    @cached_property
+    def rules(self) -> pa.Table | None:
+        return read_table(self.out / "eval" / "rules")
+
+    @cached_property
+    def dialogue_eval(self) -> pa.Table | None:
+        return read_table(self.out / "eval" / "dialogues")
+
+    @cached_property
+    def validity(self) -> pa.Table | None:
+        return read_table(self.out / "eval" / "validity.parquet")
+
+    @cached_property
+    def rejects(self) -> pa.Table | None:
+        return read_table(self.out / "rejects.parquet")
+
+    @cached_property
+    def failures(self) -> pa.Table | None:
+        return read_table(self.out / "failures.parquet")
+
+    def column(self, table: str, name: str) -> list | None:
+        t = getattr(self, table)
+        return t.column(name).to_pylist() if t is not None and name in t.column_names else None
+
+
+def reference_figures() -> dict[str, Any]:
+    """The published MDD-5k figures (``mdd/knowledge/mdd5k_reference.yaml``)."""
+    ref = dict(knowledge.load_yaml("mdd5k_reference.yaml"))
+    ref.setdefault("label", "MDD-5k (published)")
+    return ref

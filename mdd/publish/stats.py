@@ -1,0 +1,130 @@
+"""Figures computed from a run's outputs, shared by the report and the dataset card."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from mdd.publish.run_data import RunData, reference_figures
+from mdd.storage import read_table
+
+
+def _exchanges(turns: list[dict] | None) -> int:
+    turns = turns or []
+    return sum(1 for a, b in zip(turns, turns[1:])
+               if a and b and a.get("speaker") == "doctor" and b.get("speaker") == "patient")
+
+
+def shape(table: pa.Table | None) -> dict[str, Any] | None:
+    """Exchanges per dialogue and characters per turn by speaker, with their distributions.
+
+    Every turn of a speaker counts (the doctor's closing diagnosis turn too), the same way for a
+    run and for a reference corpus.
+    """
+    if table is None or table.num_rows == 0 or "turns" not in table.column_names:
+        return None
+    turns_col = table.column("turns").to_pylist()
+    n_ex = table.column("n_exchanges").to_pylist() if "n_exchanges" in table.column_names else None
+    exchanges = [int(n if n is not None else _exchanges(t)) for n, t in zip(n_ex or [None] * len(turns_col),
+                                                                          turns_col)]
+    chars: dict[str, list[int]] = {}
+    for turns in turns_col:
+        for t in turns or []:
+            if t and t.get("speaker"):
+                chars.setdefault(t["speaker"], []).append(len(t.get("text") or ""))
+    order = [s for s in ("doctor", "patient", "companion") if s in chars] + sorted(
+        s for s in chars if s not in ("doctor", "patient", "companion"))
+    return {
+        "dialogues": len(exchanges),
+        "exchanges_mean": float(np.mean(exchanges)),
+        "exchanges_median": float(np.median(exchanges)),
+        "exchanges_min": int(min(exchanges)),
+        "exchanges_max": int(max(exchanges)),
+        "chars_per_turn_mean": {s: float(np.mean(chars[s])) for s in order},
+        "chars_per_turn_median": {s: float(np.median(chars[s])) for s in order},
+        "turns": {s: len(chars[s]) for s in order},
+        "chars_per_dialogue_mean": float(sum(sum(v) for v in chars.values()) / len(exchanges)),
+        "dist": {"exchanges": exchanges, **{s: chars[s] for s in order}},
+    }
+
+
+def reference(path: str | Path | None) -> dict[str, Any]:
+    """The reference figures: computed from a dialogue table (a run folder holding ``synth/``, or a
+    folder or file of Parquet in the dialogue schema, e.g. ``jobs.import_mdd5k``'s output) when one is
+    given, else the published MDD-5k figures."""
+    if path is None:
+        return reference_figures()
+    p = Path(path)
+    src = p / "synth" if (p / "synth").is_dir() else p
+    table = read_table(src, ["turns", "n_exchanges"])
+    st = shape(table)
+    if st is None:
+        raise FileNotFoundError(f"{path}: no dialogue table (Parquet with a 'turns' column) to use as reference")
+    st["label"] = f"reference ({p.name}, n={st['dialogues']})"
+    st["source"] = str(p)
+    return st
+
+
+def icd_prefix(code: str | None) -> str:
+    """The primary code's prefix: 'F32.900,F41.100' -> 'F32'."""
+    if not code:
+        return "(none)"
+    first = str(code).replace("，", ",").split(",")[0].strip()
+    return first.split(".")[0][:3].upper() or "(none)"
+
+
+def rule_counts(rules: pa.Table | None) -> dict[str, dict[str, int]]:
+    """Per rule: passed, failed, skipped (not triggered) dialogues."""
+    out: dict[str, dict[str, int]] = {}
+    if rules is None or rules.num_rows == 0:
+        return out
+    for name, trig, score in zip(rules.column("rule").to_pylist(), rules.column("triggered").to_pylist(),
+                                 rules.column("score").to_pylist()):
+        d = out.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0})
+        if not trig:
+            d["skipped"] += 1
+        elif score is not None and score >= 1.0:
+            d["passed"] += 1
+        else:
+            d["failed"] += 1
+    return dict(sorted(out.items()))
+
+
+def headline(run: RunData, ref: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The figures a reader wants first (the report's top table, the dataset card, run.json['report'])."""
+    ref = ref or reference_figures()
+    st = shape(run.synth)
+    syn = run.section("synthesize") or {}
+    ev = run.section("evaluate") or {}
+    h: dict[str, Any] = {
+        "dialogues": run.synth.num_rows if run.synth is not None else 0,
+        "cases": len(set(run.column("synth", "case_id") or [])),
+        "engine": (syn.get("engine") or {}).get("name"),
+        "model": (syn.get("engine") or {}).get("model"),
+    }
+    if st:
+        h["exchanges_mean"] = round(st["exchanges_mean"], 2)
+        h["chars_per_turn_mean"] = {k: round(v, 1) for k, v in st["chars_per_turn_mean"].items()}
+    h["reference"] = {"label": ref.get("label"), "exchanges_mean": ref.get("exchanges_mean"),
+                      "chars_per_turn_mean": {k: round(v, 1) for k, v in (ref.get("chars_per_turn_mean") or {}).items()}}
+    if ev:
+        h["exchanges_evaluated"] = ev.get("exchanges")
+        h["high_quality_share"] = ev.get("high_quality_share")
+    rc = rule_counts(run.rules)
+    trig = sum(d["passed"] + d["failed"] for d in rc.values())
+    if trig:
+        h["rule_pass_rate"] = round(sum(d["passed"] for d in rc.values()) / trig, 4)
+    calls = syn.get("llm_calls") or {}
+    if calls.get("per_exchange") is not None:
+        h["llm_calls_per_exchange"] = calls["per_exchange"]
+    counts = syn.get("counts") or {}
+    h["cases_rejected"] = counts.get("cases_rejected", 0)
+    h["dialogues_failed"] = run.failures.num_rows if run.failures is not None else counts.get("dialogues_failed", 0)
+    return h
+
+
+def top(counter: Counter, n: int) -> dict[str, int]:
+    return dict(counter.most_common(n))

@@ -106,10 +106,20 @@ def to_messages(turns: list[dict], *, weights: dict[int, int] | None = None, rel
 
 
 def _exchange_positions(turns: list[dict]) -> list[int]:
-    """Positions of the doctor turns that open an exchange (a doctor turn followed by a patient turn),
-    in exchange order: eval/turns' ``turn`` k is the k-th of them."""
+    """Positions of the doctor turns that open an exchange, in exchange order (the evaluation's rule,
+    ``mdd.evaluate.stage.exchanges_of``): eval/turns' ``turn`` k is the k-th of them."""
+    from mdd.evaluate.stage import ANSWERERS
+
     return [i for i, (a, b) in enumerate(zip(turns, turns[1:]))
-            if a and b and a.get("speaker") == "doctor" and b.get("speaker") == "patient"]
+            if a and b and a.get("speaker") == "doctor" and b.get("speaker") in ANSWERERS]
+
+
+def _relation(value: Any) -> str | None:
+    """The companion's relation from the dialogue table's ``companion`` column (a string, or a struct
+    with ``relation``); None when nobody accompanies the patient."""
+    if isinstance(value, dict):
+        value = value.get("relation")
+    return str(value) if value not in (None, "", False, True) else None
 
 
 def export(out: str | Path, fmt: str, filters: Filters = Filters()) -> dict[str, Any]:
@@ -139,7 +149,7 @@ def export(out: str | Path, fmt: str, filters: Filters = Filters()) -> dict[str,
 
     texts = _texts()
     syn = run.synth
-    relations = run.column("synth", "companion_relation") or [None] * syn.num_rows
+    relations = [_relation(v) for v in (run.column("synth", "companion") or [None] * syn.num_rows)]
     rows, dropped = [], Counter()
     masked = trained = 0
     cols = {c: run.column("synth", c) or [None] * syn.num_rows

@@ -207,7 +207,6 @@ CATEGORY_COLUMNS = {  # dialogue-table column -> title; shown when the column is
     "doctor_persona": "Doctor personas",
     "patient_style": "Patient speech styles",
     "companion": "Companion in the room",
-    "companion_relation": "Companion in the room",
 }
 
 
@@ -221,24 +220,26 @@ def _cases(ctx: Context) -> Panel:
     if codes:
         figs.append(("icd_prefixes", plots.barh(Counter(icd_prefix(c) for c in codes),
                                                 title="ICD prefix of the primary code")))
-    shown = set()
     for col, title in CATEGORY_COLUMNS.items():
         vals = ctx.run.column("synth", col)
-        if vals is None or title in shown:
-            continue
-        shown.add(title)
-        figs.append((col, plots.barh(Counter("(none)" if v in (None, "") else str(v) for v in vals), title=title)))
+        if vals is None:
+            blocks.append(note(f"{title}: not available in this run (no '{col}' column)."))
+        else:
+            figs.append((col, plots.barh(Counter(_category(v) for v in vals), title=title)))
     turns = ctx.run.column("synth", "turns") or []
     with_companion = sum(1 for ts in turns if any(t and t.get("speaker") == "companion" for t in ts or []))
     models = ctx.run.column("synth", "models")
     if models is not None:
         mc = Counter(f"{role}: {model}" for m in models for role, model in _pairs(m))
         figs.append(("models", plots.barh(mc, title="Model per role")))
-    for col, title in CATEGORY_COLUMNS.items():
-        if title not in shown and col in ("patient_style", "companion"):
-            blocks.append(note(f"{title}: not available in this run (no '{col}' column)."))
     blocks.append(note(f"Dialogues with companion turns: {with_companion:,} of {len(turns):,}."))
     return Panel(figures=figs, blocks=blocks)
+
+
+def _category(v: Any) -> str:
+    if isinstance(v, Mapping):  # a struct column: its first non-empty field names the category
+        v = next((x for x in v.values() if x not in (None, "")), None)
+    return "(none)" if v in (None, "", False) else str(v)
 
 
 def _pairs(m: Any) -> list[tuple[str, str]]:

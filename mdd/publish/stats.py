@@ -13,9 +13,9 @@ from mdd.storage import read_table
 
 
 def _exchanges(turns: list[dict] | None) -> int:
-    turns = turns or []
-    return sum(1 for a, b in zip(turns, turns[1:])
-               if a and b and a.get("speaker") == "doctor" and b.get("speaker") == "patient")
+    from mdd.evaluate.stage import exchanges_of
+
+    return len(exchanges_of(turns))
 
 
 def shape(table: pa.Table | None) -> dict[str, Any] | None:

@@ -317,10 +317,14 @@ def _cost(ctx: Context) -> Panel:
         figs.append(("calls_by_op", plots.barh(calls["by_op"], title="LLM calls by operation", xlabel="calls")))
     roles = sorted({r for d in by_role.values() for r in d})
     blocks = [html_table([{"role": r, **{k: v.get(r) for k, v in by_role.items()}} for r in roles])]
-    cached = tokens.get("cached_prompt_tokens")
-    if cached is not None:
-        blocks.append(note(f"cached prompt tokens: {cached:,}; calls per exchange: {calls.get('per_exchange')}; "
-                           f"tool-verdict fallbacks: {sum((syn.get('fallbacks') or {}).values()):,}."))
+    counts = syn.get("counts") or {}
+    blocks.append(note(
+        f"The last synthesis invocation: {counts.get('dialogues_run', 0):,} dialogues run "
+        f"({counts.get('dialogues_already_written', 0):,} were already written by an earlier one); cached prompt "
+        f"tokens {tokens.get('cached_prompt_tokens', 0):,}; calls per exchange {calls.get('per_exchange')}; "
+        f"tool-verdict fallbacks {sum((syn.get('fallbacks') or {}).values()):,}."
+        + (" The scripted engine counts characters, not tokens." if (syn.get("engine") or {}).get("name") == "scripted"
+           else "")))
     by_model = {k: v for src in (calls, tokens, syn) for k, v in src.items() if "model" in k and isinstance(v, dict)}
     if by_model:
         blocks += ["<h3>By model</h3>"] + [f"<h4>{esc(k)}</h4>{mapping_block(v)}" for k, v in by_model.items()]
@@ -418,9 +422,6 @@ def build_report(out: str | Path, reference_path: str | Path | None = None) -> d
         if old.name not in figures:
             old.unlink()
     summary = {"file": REPORT_FILE, "figures": [f"{FIGURE_DIR}/{f}" for f in figures], "panels": status,
-               "reference": {k: v for k, v in ctx.ref.items() if k != "dist"},
                "headline": headline(run, ctx.ref)}
-    summary["reference"] = {k: v for k, v in summary["reference"].items()
-                            if k in ("label", "source", "dialogues", "exchanges_mean", "chars_per_turn_mean")}
     update_run_json(out, "report", summary)
     return summary

@@ -15,16 +15,17 @@ def _short(text: str | None, n: int = 80) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mdd search", description="nearest high-quality QA pairs")
-    ap.add_argument("--out", required=True, help="run folder holding index/")
+    ap.add_argument("--out", required=True, help="run folder (or s3:// / gs:// URI) holding index/")
     ap.add_argument("-k", type=int, default=5, help="number of pairs")
     ap.add_argument("--full", action="store_true", help="print whole questions and answers")
     ap.add_argument("text", nargs="+", help="query text")
     args = ap.parse_args(argv)
     from mdd.index import search
+    from mdd.storage import StorageError
 
     try:
         hits = search(args.out, " ".join(args.text), args.k)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, StorageError) as exc:
         print(f"search: {exc}", file=sys.stderr)
         return 2
     if not hits:

@@ -37,11 +37,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from mdd.driver import run_synthesis
+    from mdd.storage import StorageError
 
     try:
         summary = run_synthesis(cfg, progress=not args.no_progress)
     except CaseFileError as exc:
         print(f"error: cannot read cases: {exc}", file=sys.stderr)
+        return 2
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     c = summary["counts"]
     print(

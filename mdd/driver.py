@@ -2,9 +2,10 @@
 
 - Items are planned in case order; ``synth/`` already holding a dialogue means it is done
   (resume). The missing items are cut into shards of ``shard_size``; a shard's file name is a
-  hash of its dialogue ids, so the same work gives the same names, and it is written to a
-  temporary file and renamed only when all of its dialogues are in: after a ``kill -9`` the
-  rerun finds whole shards only and writes each missing dialogue exactly once.
+  hash of its dialogue ids, so the same work gives the same names, and it is written whole
+  (``mdd/storage.py``: a rename on a disk, one upload on an object store) only when all of its
+  dialogues are in: after a ``kill -9`` the rerun finds whole shards only and writes each missing
+  dialogue exactly once. A shard that cannot be read is quarantined and its dialogues run again.
 - Dialogue workers are stateless async Ray actors; each keeps many dialogues in flight. A
   dialogue that fails is retried from its start, up to ``max_attempts``; then it goes to
   ``failures.parquet`` and the run finishes the rest.
@@ -23,17 +24,15 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from mdd import schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
 from mdd.engines.base import EngineBase, EngineError, launch_engine
-from mdd.storage import update_run_json, write_table
+from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 
 log = logging.getLogger("mdd.synthesize")
 
@@ -92,29 +91,12 @@ class DialogueWorker:
 # --- output helpers ---------------------------------------------------------------------------
 
 
-def synth_dir(out: Path) -> Path:
-    return out / "synth"
-
-
-def existing_dialogue_ids(out: Path) -> set[str]:
-    """Dialogue ids already written (whole shards only); removes leftovers of a killed run."""
-    d = synth_dir(out)
-    if not d.is_dir():
-        return set()
-    for tmp in d.glob("*.tmp"):
-        tmp.unlink(missing_ok=True)
-    ids: set[str] = set()
-    for f in sorted(d.glob("*.parquet")):
-        ids.update(pq.read_table(f, columns=["dialogue_id"]).column(0).to_pylist())
-    return ids
-
-
 def shard_name(ids: list[str]) -> str:
     return "part-" + hashlib.sha1("\n".join(ids).encode()).hexdigest()[:16] + ".parquet"
 
 
-def write_rejects(out: Path, rejects: list[Reject]) -> None:
-    write_table(pa.Table.from_pylist([r.as_row() for r in rejects], schema=schema.REJECT), out / "rejects.parquet")
+def write_rejects(out: Store, rejects: list[Reject]) -> None:
+    out.write_table(pa.Table.from_pylist([r.as_row() for r in rejects], schema=schema.REJECT), "rejects.parquet")
 
 
 def package_versions() -> dict[str, str]:
@@ -169,17 +151,18 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
 
     t0 = time.time()
     sc = cfg.synth
-    out = Path(sc.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = open_store(sc.out)
+    out.check_root()
     cases, rejects = load_cases(sc.cases)  # CaseFileError propagates: the file is unusable
     if sc.limit:
         cases = cases[: sc.limit]
+    held, quarantined = dialogue_shards(out, quarantine=True)  # ShardError propagates: a foreign file in synth/
     write_rejects(out, rejects)
     for r in rejects:
         log.warning("rejected case %s (%s #%d): %s: %s", r.case_id, r.source, r.position, r.field, r.reason)
 
     items = plan(cases, sc.variants)
-    done = existing_dialogue_ids(out)
+    done = {d for ids in held.values() for d in ids}
     todo = [it for it in items if it.dialogue_id not in done]
     work = shards(todo, sc.shard_size)
     log.info("%d cases valid, %d reject rows; %d dialogues planned, %d already written, %d to run",
@@ -200,9 +183,8 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         finally:
             if own_engine:
                 engine.shutdown()
-    failures_path = out / "failures.parquet"
-    if failures or failures_path.exists():
-        write_table(pa.Table.from_pylist(failures, schema=schema.FAILURE), failures_path)
+    if failures or out.exists("failures.parquet"):
+        out.write_table(pa.Table.from_pylist(failures, schema=schema.FAILURE), "failures.parquet")
 
     wall = time.time() - t0
     written = len(done) + stats.dialogues  # every finished dialogue's shard is written by now
@@ -224,6 +206,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
             "dialogue_retries": stats.retries,
             "exchanges_run": stats.exchanges,
         },
+        "quarantined_shards": quarantined,
         "personal_data_masked": masked,
         "wall_time_s": round(wall, 3),
         "dialogues_per_min": round(stats.dialogues / wall * 60, 2) if wall > 0 else None,
@@ -238,12 +221,12 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         "engine": {"name": cfg.engine.name if engine is None else engine.name,
                    "model": cfg.engine.model if engine is None else engine.model, "metrics": engine_metrics},
     }
-    update_run_json(out, "synthesize", summary)
+    out.update_run_json("synthesize", summary)
     return summary
 
 
 def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[Item]], stats: RunStats,
-             failures: list[dict[str, Any]], out: Path, progress: bool, initial: int, total: int) -> None:
+             failures: list[dict[str, Any]], out: Store, progress: bool, initial: int, total: int) -> None:
     import ray
     from tqdm import tqdm
 
@@ -300,7 +283,7 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
             rows = sorted(pending_rows.pop(si), key=lambda r: order[r["dialogue_id"]])
             if rows:
                 ids = [it.dialogue_id for it in work[si]]
-                write_table(pa.Table.from_pylist(rows, schema=schema.DIALOGUE), synth_dir(out) / shard_name(ids))
+                out.write_table(pa.Table.from_pylist(rows, schema=schema.DIALOGUE), f"{SYNTH}/{shard_name(ids)}")
 
     delayed: list[tuple[float, int, Item]] = []  # (not before, tie-break, item): retries after an engine failure
     try:

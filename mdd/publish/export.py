@@ -6,9 +6,9 @@ byte), as Parquet (``OUT/export/<format>/part-NNNNN.parquet``) and JSONL (``OUT/
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -16,7 +16,7 @@ import pyarrow as pa
 from mdd import knowledge
 from mdd.publish.run_data import RunData
 from mdd.schema import SFT_ROW, SHAREGPT_ROW
-from mdd.storage import update_run_json, write_table, write_text
+from mdd.storage import Store
 
 FORMATS = ("sft", "sharegpt")
 SHARD_ROWS = 50_000
@@ -122,18 +122,19 @@ def _relation(value: Any) -> str | None:
     return str(value) if value not in (None, "", False, True) else None
 
 
-def export(out: str | Path, fmt: str, filters: Filters = Filters()) -> dict[str, Any]:
+def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters()) -> dict[str, Any]:
     """Write the export of ``OUT``; returns its summary (also ``run.json['export'][fmt]``)."""
     if fmt not in FORMATS:
         raise ExportError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
-    out = Path(out)
     run = RunData(out)
+    store = run.store
     if run.synth is None:
-        raise ExportError(f"{out / 'synth'}: no dialogues to export")
+        raise ExportError(f"{store.display('synth')}: no dialogues to export")
     needs_eval = filters.min_quality is not None or filters.min_rule_pass is not None
     de = run.dialogue_eval
     if (needs_eval or filters.mask_below is not None) and de is None:
-        raise ExportError(f"{out / 'eval'}: the filters need the evaluation's tables; run `mdd evaluate --out {out}` first")
+        raise ExportError(f"{store.display('eval')}: the filters need the evaluation's tables; run "
+                          f"`mdd evaluate --out {store.display()}` first")
     scores: dict[str, dict[str, Any]] = {}
     if de is not None:
         if filters.metric not in de.column_names:
@@ -190,21 +191,20 @@ def export(out: str | Path, fmt: str, filters: Filters = Filters()) -> dict[str,
         rows.append(row)
 
     schema = SFT_ROW if fmt == "sft" else SHAREGPT_ROW
-    folder = out / "export" / fmt
-    for old in folder.glob("*.parquet") if folder.is_dir() else []:
-        old.unlink()  # a smaller export than the last one leaves no stale shard behind
-    files = []
-    for k in range(max(1, -(-len(rows) // SHARD_ROWS))):
-        name = f"part-{k:05d}.parquet"
-        write_table(pa.Table.from_pylist(rows[k * SHARD_ROWS:(k + 1) * SHARD_ROWS], schema=schema), folder / name)
-        files.append(f"export/{fmt}/{name}")
-    write_text("".join(json.dumps(_jsonl(r), ensure_ascii=False) + "\n" for r in rows), out / "export" / f"{fmt}.jsonl")
+    folder = f"export/{fmt}"
+    files = [f"{folder}/part-{k:05d}.parquet" for k in range(max(1, -(-len(rows) // SHARD_ROWS)))]
+    for old in store.files(folder, ".parquet"):  # a smaller export than the last one leaves no stale shard behind
+        if f"{folder}/{old}" not in files:
+            store.delete(f"{folder}/{old}")
+    for k, rel in enumerate(files):
+        store.write_table(pa.Table.from_pylist(rows[k * SHARD_ROWS:(k + 1) * SHARD_ROWS], schema=schema), rel)
+    store.write_text(f"export/{fmt}.jsonl", "".join(json.dumps(_jsonl(r), ensure_ascii=False) + "\n" for r in rows))
     files.append(f"export/{fmt}.jsonl")
     summary = {"rows": len(rows), "dropped": dict(sorted(dropped.items())), "filters": filters.as_dict(),
                "assistant_messages": {"trained": trained, "masked": masked}, "files": files}
     section = run.section("export") or {}
     section[fmt] = summary
-    update_run_json(out, "export", section)
+    store.update_run_json("export", section)
     return summary
 
 

@@ -22,17 +22,18 @@ import base64
 import html
 import json
 import logging
+import os
+import posixpath
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from mdd.publish import plots
 from mdd.publish.run_data import RunData
 from mdd.publish.stats import headline, icd_prefix, reference, rule_counts, shape
 from mdd.schema import METRICS
-from mdd.storage import update_run_json, write_bytes, write_text
+from mdd.storage import Store
 
 log = logging.getLogger("mdd.publish")
 
@@ -385,10 +386,10 @@ for(var i=0;i<im.length;i++){if(im[i].complete&&im[i].naturalWidth>0){ok++;}}
 document.body.setAttribute('data-images',im.length);document.body.setAttribute('data-images-loaded',ok);});"""
 
 
-def build_report(out: str | Path, reference_path: str | Path | None = None) -> dict[str, Any]:
+def build_report(out: str | os.PathLike | Store, reference_path: str | os.PathLike | None = None) -> dict[str, Any]:
     """Write ``OUT/report.html`` and ``OUT/report/*.png``; returns what was written (also in run.json['report'])."""
-    out = Path(out)
     run = RunData(out)
+    store = run.store
     ctx = Context(run=run, ref=reference(reference_path))
     sections, figures, status = [], [], {}
     for i, (key, title, fn) in enumerate(PANELS):
@@ -398,7 +399,7 @@ def build_report(out: str | Path, reference_path: str | Path | None = None) -> d
             for stem, fig in p.figures:
                 name = f"{i:02d}-{stem}.png"
                 data = plots.png_bytes(fig)
-                write_bytes(data, out / FIGURE_DIR / name)
+                store.write_bytes(f"{FIGURE_DIR}/{name}", data)
                 figures.append(name)
                 b64 = base64.b64encode(data).decode("ascii")
                 body += f"<img alt='{esc(stem)}' src='data:image/png;base64,{b64}'>"
@@ -413,15 +414,15 @@ def build_report(out: str | Path, reference_path: str | Path | None = None) -> d
             status[key] = f"error: {type(exc).__name__}: {exc}"
         sections.append(f"<section id='{esc(key)}'><h2>{esc(title)}</h2>{body}</section>")
     nav = "".join(f"<a href='#{esc(k)}'>{esc(t)}</a>" for k, t, _ in PANELS)
-    name = (run.section("synthesize", "config", "run_name") or out.name)
+    name = run.section("synthesize", "config", "run_name") or posixpath.basename(store.uri.rstrip("/"))
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>mdd run report: {esc(name)}</title>"
             f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>mdd run report: {esc(name)}</h1>"
-            f"<p class='note'>{esc(out)}</p><nav>{nav}</nav>{''.join(sections)}{_other_sections(ctx)}</body></html>")
-    write_text(page, out / REPORT_FILE)
-    for old in (out / FIGURE_DIR).glob("*.png"):  # figures of an earlier report that this one lacks
-        if old.name not in figures:
-            old.unlink()
+            f"<p class='note'>{esc(store.display())}</p><nav>{nav}</nav>{''.join(sections)}{_other_sections(ctx)}</body></html>")
+    store.write_text(REPORT_FILE, page)
+    for old in store.files(FIGURE_DIR, ".png"):  # figures of an earlier report that this one lacks
+        if old not in figures:
+            store.delete(f"{FIGURE_DIR}/{old}")
     summary = {"file": REPORT_FILE, "figures": [f"{FIGURE_DIR}/{f}" for f in figures], "panels": status,
                "headline": headline(run, ctx.ref)}
-    update_run_json(out, "report", summary)
+    store.update_run_json("report", summary)
     return summary

@@ -5,25 +5,29 @@ wrote nothing); columns that other stages add later are used when present. Nothi
 """
 from __future__ import annotations
 
+import os
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from mdd import knowledge
-from mdd.storage import read_run_json, read_schema_names, read_table
+from mdd.storage import Store, open_store
 
 SYNTH_COLUMNS_SKIPPED = ("experience",)  # long free text no reader here needs
 
 
 class RunData:
-    def __init__(self, out: str | Path):
-        self.out = Path(out)
+    def __init__(self, out: str | os.PathLike | Store):
+        self.store = open_store(out)
 
     @cached_property
     def run_json(self) -> dict[str, Any]:
-        return read_run_json(self.out)
+        return self.store.read_run_json()
+
+    def table(self, rel: str, columns: list[str] | None = None) -> pa.Table | None:
+        """The Parquet file or folder ``rel`` under OUT; None when absent."""
+        return self.store.read_table(rel, columns) if self.store.parquet_files(rel) else None
 
     def section(self, *keys: str) -> Any:
         """``run_json[k1][k2]…`` or None."""
@@ -36,34 +40,34 @@ class RunData:
 
     @cached_property
     def synth(self) -> pa.Table | None:
-        names = read_schema_names(self.out / "synth")
+        names = self.store.read_schema_names("synth")
         if names is None:
             return None
-        return read_table(self.out / "synth", [c for c in names if c not in SYNTH_COLUMNS_SKIPPED])
+        return self.table("synth", [c for c in names if c not in SYNTH_COLUMNS_SKIPPED])
 
     @cached_property
     def turn_eval(self) -> pa.Table | None:
-        return read_table(self.out / "eval" / "turns")
+        return self.table("eval/turns")
 
     @cached_property
     def rules(self) -> pa.Table | None:
-        return read_table(self.out / "eval" / "rules")
+        return self.table("eval/rules")
 
     @cached_property
     def dialogue_eval(self) -> pa.Table | None:
-        return read_table(self.out / "eval" / "dialogues")
+        return self.table("eval/dialogues")
 
     @cached_property
     def validity(self) -> pa.Table | None:
-        return read_table(self.out / "eval" / "validity.parquet")
+        return self.table("eval/validity.parquet")
 
     @cached_property
     def rejects(self) -> pa.Table | None:
-        return read_table(self.out / "rejects.parquet")
+        return self.table("rejects.parquet")
 
     @cached_property
     def failures(self) -> pa.Table | None:
-        return read_table(self.out / "failures.parquet")
+        return self.table("failures.parquet")
 
     def column(self, table: str, name: str) -> list | None:
         t = getattr(self, table)

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
+import os
+import posixpath
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from mdd.publish.run_data import RunData, reference_figures
-from mdd.storage import read_table
+from mdd.storage import open_store
 
 
 def _exchanges(turns: list[dict] | None) -> int:
@@ -51,20 +52,21 @@ def shape(table: pa.Table | None) -> dict[str, Any] | None:
     }
 
 
-def reference(path: str | Path | None) -> dict[str, Any]:
+def reference(path: str | os.PathLike | None) -> dict[str, Any]:
     """The reference figures: computed from a dialogue table (a run folder holding ``synth/``, or a
     folder or file of Parquet in the dialogue schema, e.g. ``jobs.import_mdd5k``'s output) when one is
     given, else the published MDD-5k figures."""
     if path is None:
         return reference_figures()
-    p = Path(path)
-    src = p / "synth" if (p / "synth").is_dir() else p
-    table = read_table(src, ["turns", "n_exchanges"])
-    st = shape(table)
+    store = open_store(path)
+    src = "synth" if store.parquet_files("synth") else ""
+    names = store.read_schema_names(src) or []
+    st = shape(store.read_table(src, ["turns", "n_exchanges"])) if "turns" in names else None
     if st is None:
-        raise FileNotFoundError(f"{path}: no dialogue table (Parquet with a 'turns' column) to use as reference")
-    st["label"] = f"reference ({p.name}, n={st['dialogues']})"
-    st["source"] = str(p)
+        raise FileNotFoundError(f"{store.display()}: no dialogue table (Parquet with a 'turns' column) to use as "
+                                "reference")
+    st["label"] = f"reference ({posixpath.basename(store.uri.rstrip('/'))}, n={st['dialogues']})"
+    st["source"] = store.display()
     return st
 
 

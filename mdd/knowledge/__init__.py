@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the trees load 10x faster
 GENDER_KEY = {"女": "female", "男": "male"}
 
 
@@ -29,7 +30,7 @@ def load_yaml(relpath: str) -> Any:
     if not path.is_file():
         raise KnowledgeError(f"knowledge file missing: {path}")
     with path.open(encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=_LOADER)
 
 
 def tree_name(gender: str, band: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mdd.evaluate.speech import jargon_turns
 from mdd.schema import DIALOGUE, REJECT
 
 _CASE_RE = re.compile(r"^patient_(\d+)\.json$")
@@ -109,6 +110,7 @@ def _row(n: int, k: int, turns: list[dict], code: str | None, diag: str | None) 
         "output_tokens_by_role": None,
         "fallbacks": 0,
         "source": "mdd5k",
+        "jargon_turns": jargon_turns(turns),
     }
 
 

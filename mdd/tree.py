@@ -44,6 +44,7 @@ class Topic:
     group: str = ""  # id of the top-level group (event, symptoms, personal, family ...)
     kind: str = "symptom"  # symptom | graft | experience | probe
     audience: str = "patient"  # patient | companion | either (see AUDIENCES)
+    lay: str = ""  # what is asked, in the patient's words (else mdd/knowledge/lay_terms.yaml by id)
 
     @property
     def is_leaf(self) -> bool:
@@ -100,6 +101,7 @@ def parse_node(data: dict[str, Any], where: str, inherit: str = "patient") -> To
         probes=probes,
         if_answer=tuple(str(k) for k in _tuple(data.get("if_answer"))),
         audience=audience,
+        lay=str(data.get("lay", "")),
     )
 
 

@@ -32,6 +32,7 @@ from mdd import schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
 from mdd.engines.base import EngineBase, EngineError, launch_engine
+from mdd.evaluate.speech import SpeechTally
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 
 log = logging.getLogger("mdd.synthesize")
@@ -123,9 +124,11 @@ class RunStats:
     fallbacks: Counter = field(default_factory=Counter)
     cached_tokens: int = 0
     exchanges: int = 0
+    speech: SpeechTally = field(default_factory=SpeechTally)
 
     def add(self, res: dict[str, Any]) -> None:
         row = res["row"]
+        self.speech.add(row)
         self.dialogues += 1
         self.exchanges += row["n_exchanges"]
         self.prompt_tokens_by_role.update(row["prompt_tokens_by_role"])
@@ -218,6 +221,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
                    "output_by_role": dict(stats.output_tokens_by_role),
                    "cached_prompt_tokens": stats.cached_tokens},
         "fallbacks": dict(stats.fallbacks),
+        "speech": stats.speech.summary(),  # jargon share, repeated doctor openers, patient turn lengths, styles
         "engine": {"name": cfg.engine.name if engine is None else engine.name,
                    "model": cfg.engine.model if engine is None else engine.model, "metrics": engine_metrics},
     }

@@ -52,6 +52,8 @@ DIALOGUE = pa.schema(
         pa.field("output_tokens_by_role", TOKENS_BY_ROLE),
         pa.field("fallbacks", pa.int64()),  # tool verdicts that fell back to a rule
         pa.field("source", pa.string()),  # "mdd" for synthesized, "mdd5k" for imported
+        pa.field("patient_style", pa.string()),  # the patient's speech style (mdd/knowledge/styles.yaml)
+        pa.field("jargon_turns", pa.int32()),  # patient turns using clinical jargon (mdd/evaluate/speech.py)
     ]
 )
 

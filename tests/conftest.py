@@ -49,3 +49,31 @@ def vllm_engine(ray_session, tiny_model_dir):
         yield engine
     finally:
         engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def sample_run():
+    """The README main job's dialogues, made in-process: the 27 sample cases x 5 variants on the
+    scripted engine with configs/local.yaml's seed (the same rows a run writes, without Ray)."""
+    import asyncio
+
+    from mdd.cases import load_cases
+    from mdd.config import load_config
+    from mdd.dialogue import ops
+    from mdd.dialogue.loop import run_dialogue
+    from mdd.engines.scripted import ScriptedEngine
+
+    cfg = load_config(REPO / "configs" / "local.yaml")
+    cases, _ = load_cases(REPO / cfg.synth.cases)
+    personas, seed, rows = ops.all_personas(), cfg.synth.seed, []
+
+    async def run_all():
+        engine = ScriptedEngine()
+        for case in cases:
+            triples = ops.sample_triples(case, seed, cfg.synth.variants)
+            for v in range(cfg.synth.variants):
+                persona = ops.choose_persona(personas, seed, case.case_id, v)
+                rows.append((await run_dialogue(case, v, seed, engine, cfg.synth.dialogue, persona, triples[v]))[0])
+
+    asyncio.run(run_all())
+    return {"cases": {c.case_id: c for c in cases}, "rows": rows}

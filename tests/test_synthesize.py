@@ -51,6 +51,12 @@ def test_outputs_schema_labels_and_run_record(ray_session, tmp_path):
     assert run["llm_calls"]["by_role"]["doctor"] == df["n_exchanges"].sum()
     assert run["llm_calls"]["per_exchange"] <= 3.0
     assert "ray" in run["versions"] and summary["wall_time_s"] > 0
+    # the speech figures: every patient turn scored for jargon, styles recorded per dialogue
+    speech = run["speech"]
+    assert speech["patient_turns"] == sum(1 for r in df.iter_rows(named=True) for t in r["turns"]
+                                          if t["speaker"] == "patient")
+    assert speech["patient_jargon_share"] == pytest.approx(df["jargon_turns"].sum() / speech["patient_turns"], abs=1e-4)
+    assert sum(speech["patient_styles"].values()) == 20 and df["patient_style"].null_count() == 0
 
 
 def test_same_config_same_dialogues_and_resume_writes_nothing(ray_session, tmp_path):

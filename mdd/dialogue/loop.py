@@ -19,6 +19,8 @@ from mdd.cases import Case
 from mdd.config import DialogueConfig
 from mdd.dialogue import ops
 from mdd.dialogue import prompts as P
+from mdd.dialogue.patient import PatientRole, choose_style
+from mdd.evaluate.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.tree import Topic, TopicAgenda, build_tree, for_audience
 
@@ -83,6 +85,10 @@ class Dialogue:
         self.followup = False
         self.new_topic = False
         self.question = ""
+        self.empathy = ""  # the empathy cue of the doctor's current turn
+        self.reask = False  # the current doctor turn re-asks an evasive answer
+        self.patient = PatientRole(case, choose_style(case, ops.derive_seed(run_seed, case.case_id, variant, "style")),
+                                   ops.derive_seed(run_seed, case.case_id, variant, "patient"))
         self.patient_system = ""
         self.companion = None  # who came along to the visit (none yet: companion topics are dropped)
         self.doctor_system = persona.system_prompt()
@@ -172,11 +178,7 @@ class Dialogue:
 
     async def _experience(self) -> Phase:
         self.story = await ops.fic_exp_gen(self.call, self.case, self.triple, self.sp_story)
-        time, people, event = self.triple
-        self.patient_system = P.PATIENT_SYSTEM.format(
-            age=self.case.age, gender=P.gender_word(self.case.gender), work=ops.work_text(self.case),
-            time=time, people=people, event=event, story=self.story, **P.case_text(self.case),
-        )
+        self.patient_system = self.patient.system_prompt(self.triple, self.story)
         return Phase.OPENING
 
     async def _opening(self) -> Phase:
@@ -184,10 +186,10 @@ class Dialogue:
         q = await ops.doc_gen(self.call, self.doctor_view(), instruction, self.sp_doctor,
                               {"opening": True, "surname": self.persona.surname})
         self._say("doctor", q, "开场", instruction)
-        a = await ops.pat_gen(self.call, self.patient_view(), P.PAT_OPENING, self.sp_patient,
-                              {"opening": True, "complaint": self.case.complaint,
-                               "facts": self.case.present_illness[:300]})
-        self._say("patient", a, "开场", P.PAT_OPENING)
+        p_instruction, p_context = self.patient.opening()
+        a = await ops.pat_gen(self.call, self.patient_view(), p_instruction, self.sp_patient, p_context)
+        self._say("patient", a, "开场", p_instruction)
+        self.patient.heard(a)
         self.exchanges += 1
         return Phase.NEXT_TOPIC
 
@@ -222,14 +224,16 @@ class Dialogue:
     async def _ask(self) -> Phase:
         assert self.topic is not None
         last_answer = self.turns[-1]["text"] if self.turns else ""
-        empathy = ops.empath_gen(self.persona, last_answer)
+        self.empathy = empathy = ops.empath_gen(self.persona, last_answer)
         instruction = ops.prompt_gen(self.persona, self.topic, followup=self.followup, new_topic=self.new_topic,
-                                     empathy=empathy)
+                                     empathy=empathy, reask=self.reask)
         self.question = await ops.doc_gen(
             self.call, self.doctor_view(), instruction, self.sp_doctor,
             {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,
-             "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind},
+             "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind,
+             "reask": self.reask, "empathic": self.persona.empathy, "lay_topic": self.patient.lay.topic(self.topic)},
         )
+        self.reask = False
         self._say("doctor", self.question, self.topic.topic, instruction)
         return Phase.ANSWER
 
@@ -237,18 +241,12 @@ class Dialogue:
         assert self.topic is not None
         view = self.patient_view()
         trigger = await ops.trigger_exp(self.call, view, self.topic, self.sp_verdict, self.acct.fallbacks)
-        facts = ops.case_facts(self.case, self.topic)
-        fields = "、".join(dict.fromkeys(f.split(".")[-1] for f in self.topic.case_fields))
-        instruction = P.PAT_TOPIC.format(topic=self.topic.topic,
-                                         facts=P.PAT_FACTS.format(fields=fields) if facts else P.PAT_NO_FACTS,
-                                         experience=P.PAT_EXPERIENCE if trigger else "")
-        answer = await ops.pat_gen(
-            self.call, view, instruction, self.sp_patient,
-            {"topic": self.topic.topic, "keywords": list(self.topic.keywords), "facts": facts,
-             "experience": self.story, "trigger": trigger, "kind": self.topic.kind, "followup": self.followup,
-             "triple": dict(zip(("time", "people", "event"), self.triple))},
-        )
+        instruction, context = self.patient.turn(self.topic, self.question, followup=self.followup,
+                                                 empathy=bool(self.empathy), trigger=trigger, story=self.story,
+                                                 triple=self.triple)
+        answer = await ops.pat_gen(self.call, view, instruction, self.sp_patient, context)
         self._say("patient", answer, self.topic.topic, instruction)
+        self.patient.heard(answer)
         self.topic_exchanges += 1
         self.exchanges += 1
         return Phase.REVIEW
@@ -262,6 +260,10 @@ class Dialogue:
             self.agenda.insert_next(grafted)
         self.agenda.insert_next(ops.open_probes(self.topic, answer))
         cap = self.persona.cap(self.topic, self.cfg.max_exchanges_per_topic)
+        if self.exchanges < self.cfg.max_exchanges and ops.needs_reask(
+                answer, self.topic_exchanges, cap, self.cfg.max_exchanges_per_topic):
+            self.followup = self.reask = True  # a dodged question gets a gentle re-ask, no verdict needed
+            return Phase.ASK
         if self.exchanges >= self.cfg.max_exchanges or await ops.is_topic_end(
             self.call, self.doctor_view(), self.topic, self.topic_exchanges, cap, answer, self.sp_verdict,
             self.acct.fallbacks,
@@ -306,6 +308,8 @@ class Dialogue:
             "output_tokens_by_role": dict(a.output_tokens),
             "fallbacks": sum(a.fallbacks.values()),
             "source": "mdd",
+            "patient_style": self.patient.style.id,
+            "jargon_turns": jargon_turns(self.turns),
         }
 
 

@@ -218,10 +218,13 @@ def empath_gen(persona: Persona, answer: str) -> str:
     return "语气温和，适当给予肯定和鼓励。"
 
 
-def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_topic: bool, empathy: str) -> str:
+def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_topic: bool, empathy: str,
+               reask: bool = False) -> str:
     """PromptGen: the doctor's per-turn instruction from the topic, the persona and the state."""
     if topic is None:
         return P.DOC_OPENING.format(surname=persona.surname)
+    if reask:
+        return P.DOC_REASK.format(topic=topic.topic, how=P.REASK_GENTLE if persona.empathy else P.REASK_PLAIN)
     if followup:
         return P.DOC_FOLLOWUP.format(topic=topic.topic, empathy=empathy)
     explain = P.DOC_EXPLAIN if persona.explain in ("sometimes", "often") else ""
@@ -236,20 +239,12 @@ def is_dial_end(agenda: TopicAgenda, exchanges: int, max_exchanges: int, context
     return len(agenda) == 0 or exchanges >= max_exchanges or full
 
 
-def case_facts(case: Case, topic: Topic, limit: int = 360) -> str:
-    """The case fields that bear on a topic, for the patient's per-turn instruction."""
-    parts = []
-    for f in topic.case_fields:
-        v = case.get(f).strip()
-        if v and v not in ("无", "无特殊"):
-            parts.append(f"{f.split('.')[-1]}：{v}")
-    text = "；".join(parts)
-    if topic.keywords and len(text) > limit:
-        # keep the clauses that mention the topic first
-        clauses = re.split(r"(?<=[。；;，,])", text)
-        hit = [c for c in clauses if any(k in c for k in topic.keywords)]
-        text = "".join(hit) or text
-    return text[:limit]
+def needs_reask(answer: str, topic_exchanges: int, cap: int, hard_cap: int) -> bool:
+    """A dodged answer (还好吧 / 不记得了 …) gets one gentle re-ask, even past the persona's cap (but
+    never past the hard cap per topic)."""
+    from mdd.dialogue.patient import evasive
+
+    return topic_exchanges <= cap and topic_exchanges < hard_cap and evasive(answer)
 
 
 def open_probes(topic: Topic, answer: str) -> list[Topic]:
@@ -258,8 +253,9 @@ def open_probes(topic: Topic, answer: str) -> list[Topic]:
 
 
 def triple_phrase(people: str, event: str) -> str:
-    """"班主任" + "当众贬低" → "班主任当众贬低"; an event that already names the person stays as it is."""
-    return event if people and people in event else f"{people}{event}"
+    """"班主任" + "当众贬低" → "班主任当众贬低"; an event that already names the person (or is the
+    patient's own, 我自己) stays as it is."""
+    return event if not people or people in event or people == "我自己" else f"{people}{event}"
 
 
 def short_point(text: str, limit: int = 15) -> str:

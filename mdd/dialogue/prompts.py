@@ -9,7 +9,6 @@ doctor's (or patient's) cached prefix and are not kept.
 """
 from __future__ import annotations
 
-from mdd.cases import Case
 
 SPEED = {
     "fast": "问诊节奏快，每次提问简短，一两句话",
@@ -33,20 +32,25 @@ DOCTOR_SYSTEM = """你是一名精神科医生，正在门诊为一位初诊患�
 
 OPENING_PATIENT = "（患者走进诊室坐下）"
 
-PATIENT_SYSTEM = """你是一名来精神科门诊初诊的患者，正在接受医生问诊。请始终以患者本人的身份，用第一人称、口语化的中文回答。
-你的基本情况：{age}岁，{gender}，{work}。
-以下是只有你自己知道的真实情况（回答时用自己的话说，不要照搬病历用语，不要说出诊断名称、编码或医学术语）：
-主诉：{complaint}
-现病史：{present}
-身体疾病史：{physical}
-家族史：{family}
-个人史：{personal}
-医生观察到的表现：{exam}
+# The patient sees the case only in lay words (mdd/dialogue/lay.py), never the record's field names or
+# the mental-state exam's labels; its speech style is part of the stable system prompt.
+PATIENT_SYSTEM = """你是一名来精神科门诊看病的人，正在和医生面对面说话。请始终以你自己的身份，用第一人称、口语化的中文说话。
+你：{age}岁，{gender}，{work}。
+你这次来看病，是因为：{complaint}
+这段时间的事，用你自己的话说：{present}
+身体方面：{physical}
+家里人：{family}
+你自己的情况：{personal}
+别人今天能看出来的样子：{appearance}
 你过去的一段经历（{time}，{people}，{event}）：{story}
-回答要求：
-1. 只回答医生问到的内容，没有的症状如实否认。
-2. 每次回答不超过150字，语气自然，可以有犹豫和情绪。
-3. 只输出你要说的话。"""
+{companion}你说话的样子：{style}
+说话的要求：
+1. 只说医生问到的事，没有的事如实说没有；前面已经说过的话不要再重复。
+2. 医生问“有没有”“是不是”这类问题时，先直接回答有或没有、是或不是，最多再补一句。
+3. 每次说多少字，照医生提问后面给你的字数来，不要超过。
+4. 用平常人的说法，不说病名、检查的名称和医生写的那种书面说法。
+5. 只说你要说的话，不加动作描写和旁白。"""
+PAT_COMPANION = "今天是你的{relation}陪你来的，也在诊室里，有时会插话。\n"
 
 STORY_SYSTEM = "你是一名写作者，擅长以第一人称写真实、克制的个人经历。"
 STORY_USER = """请以第一人称写一段患者过去的经历，150到250字。
@@ -58,16 +62,23 @@ DOC_OPENING = "【下一步】请先简短问候并自我介绍（你姓{surname
 DOC_TOPIC = "【下一步】{transition}请就「{topic}」向患者提问，需要了解：{ask}。{empathy}{explain}"
 # the topic's first instruction, with what to find out, is still in the doctor's history
 DOC_FOLLOWUP = "【下一步】患者对「{topic}」的回答还不够清楚，请就此追问一个具体细节。{empathy}"
+DOC_REASK = "【下一步】患者对「{topic}」的回答有些含糊或回避。{how}"
+REASK_GENTLE = "先表示理解（很多人一开始都不太愿意谈这个），再换一种更温和、具体的问法问一次。"
+REASK_PLAIN = "换一种更具体的问法再问一次，可以问成有没有、是不是的问题。"
 DOC_TRANSITION = "自然地过渡到新话题，"
 DOC_EXPLAIN = "提问时用通俗的话简单解释一下为什么要问这个。"
 
-PAT_OPENING = "【回答要求】用自己的话说说这次来看病最主要的困扰，可以说两三个最明显的问题。"
-# The case is in the system prompt already: the per-turn instruction only points at the fields
-# (pasting their text here would be computed afresh on every call).
-PAT_TOPIC = "【回答要求】医生在问「{topic}」。{facts}{experience}"
-PAT_FACTS = "依据上面真实情况里的{fields}如实回答。"
-PAT_NO_FACTS = "上面的真实情况没有提到这方面的问题，如实回答（通常是没有或不明显）。"
-PAT_EXPERIENCE = "回答时自然地讲到你过去的那段经历。"
+PAT_OPENING = "【回答要求】医生请你说说这次为什么来看病。用自己的话说说最让你难受的一两件事。这次最多说{budget}个字。"
+# The case is in the system prompt already: the per-turn instruction names what is asked in lay words
+# and the answer's budget, never a field name or a clinical label.
+PAT_TOPIC = "【回答要求】医生在问你{topic}。{cues}这次最多说{budget}个字。"
+PAT_FACTS = "照上面你自己的情况如实说。"
+PAT_NO_FACTS = "上面没提到这方面的事，如实说（一般是没有或不明显）。"
+PAT_WITHHOLD = "这件事你一开始不想多说，先含糊带过或者说没有。"
+PAT_ADMIT = "医生又问了一次，这次你愿意说出实情。"
+PAT_OPENED = "医生的理解让你放松了些，可以比刚才多说一点。"
+PAT_YES_NO = "先直接回答有没有、是不是。"
+PAT_EXPERIENCE = "说的时候自然地讲到你过去的那段经历。"
 
 IS_TOPIC_END = "【判断】「{topic}」患者已经答清楚、可以换话题了吗？只答“是”或“否”。"
 TRIGGER_EXP = "【判断】回答这个问题要讲到你过去的那段经历吗？只答“是”或“否”。"
@@ -79,14 +90,3 @@ FINAL = "诊断结束。根据今天的问诊，初步诊断为：{diagnosis}（
 
 def gender_word(g: str) -> str:
     return "女性" if g == "女" else "男性"
-
-
-def case_text(case: Case) -> dict[str, str]:
-    return {
-        "complaint": case.complaint,
-        "present": case.present_illness,
-        "physical": case.physical_history,
-        "family": case.family_history,
-        "personal": case.get("个人史") or "无特殊",
-        "exam": case.get("精神检查") or "无特殊",
-    }

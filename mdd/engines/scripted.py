@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from typing import Any
 
 from mdd.dialogue.ops import short_point, triple_phrase
 from mdd.engines.base import Completion, EngineBase, Request
+from mdd.engines.scripted_speech import patient_answer
 
 _GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。", "你好，我姓{s}，是今天的接诊医生。")
 _OPEN_ASK = ("这次来主要是哪里不舒服？可以慢慢说。", "最近有什么困扰你的地方吗？", "能说说这次来看病的主要原因吗？")
@@ -23,23 +23,13 @@ _FOLLOW = ("你刚才说的这个情况，能再具体说说吗？", "这种情�
            "它对你的生活和学习工作影响有多大？", "这个情况是从什么时候开始的？")
 _EMPATHY = ("听起来这段时间你真的很不容易。", "我能理解你的感受，说出来已经很不容易了。", "谢谢你愿意告诉我这些。")
 _EXPLAIN = ("问这个是因为它和情绪状态关系很密切。", "这能帮助我更全面地判断你的情况。")
-_DENY = ("没有，这方面还好。", "这个倒没有。", "没怎么注意到，应该没有。", "还好，没有这种情况。")
-_FIRST_PERSON = ((r"患者", "我"), (r"其(?=[父母妻夫子女家])", "我"), (r"自述|自诉|诉", ""), (r"否认", "没有"))
-_RECORD_WORDS = re.compile(r"诊断|ICD|量表|评分|病历|医院|就诊|精神检查")
+_REASK_GENTLE = ("很多人一开始都不太愿意谈这个，没关系。我换个问法：这方面最近有没有让你不好受的时候？",
+                 "这个话题可能不太好开口，你慢慢说就行。能具体说说吗？")
+_REASK_PLAIN = ("我再问具体一点：有还是没有？", "换个问法：最近一周里有没有出现过？")
 
 
 def _chars(request: Request) -> int:
     return sum(len(m.content) for m in request.messages)
-
-
-def _first_person(text: str) -> str:
-    for pat, rep in _FIRST_PERSON:
-        text = re.sub(pat, rep, text)
-    return text
-
-
-def _clauses(text: str) -> list[str]:
-    return [c.strip(" ，,。；;:：") for c in re.split(r"[。；;，,\n]", text) if c.strip(" ，,。；;:：")]
 
 
 class ScriptedEngine(EngineBase):
@@ -72,7 +62,9 @@ class ScriptedEngine(EngineBase):
         parts = []
         if ctx.get("empathy"):
             parts.append(rng.choice(_EMPATHY))
-        if ctx.get("followup"):
+        if ctx.get("reask"):
+            parts.append(rng.choice(_REASK_GENTLE if ctx.get("empathic") else _REASK_PLAIN))
+        elif ctx.get("followup"):
             parts.append(rng.choice(_FOLLOW))
         else:
             topic, ask = ctx.get("topic", ""), ctx.get("ask", "")
@@ -90,30 +82,7 @@ class ScriptedEngine(EngineBase):
     # --- patient ----------------------------------------------------------------------
 
     def _PatGen(self, ctx: dict[str, Any], rng: random.Random) -> str:
-        if ctx.get("opening"):
-            complaint = _first_person(ctx.get("complaint", "")).strip()
-            return f"医生你好，我主要是{complaint}。" + "".join(
-                _first_person(c) + "，" for c in _clauses(ctx.get("facts", ""))[1:3]
-                if not _RECORD_WORDS.search(c)).rstrip("，") + "。"
-        keywords = [k for k in ctx.get("keywords", []) if k]
-        clauses = [c for c in _clauses(ctx.get("facts", "")) if not _RECORD_WORDS.search(c)]
-        hit = [c for c in clauses if any(k in c for k in keywords)]
-        if ctx.get("followup"):
-            hit = hit[2:] or hit
-        picked = [_first_person(c) for c in (hit or clauses[:0])[:3]]
-        story = ""
-        if ctx.get("trigger"):
-            t = ctx.get("triple") or {}
-            told = _clauses(ctx.get("experience", ""))
-            if ctx.get("kind") == "experience" and len(told) > 2:
-                story = "，".join(rng.sample(told[1:], min(3, len(told) - 1))) + "。"
-            else:
-                story = f"{t.get('time', '')}，{triple_phrase(t.get('people', ''), t.get('event', ''))}，那之后我心里一直放不下。"
-        if not picked and not story:
-            return rng.choice(_DENY)
-        body = "，".join(picked)
-        lead = rng.choice(("嗯，", "是的，", "说实话，", ""))
-        return (lead + body + ("。" if body else "") + story).strip()
+        return patient_answer(ctx, rng)
 
     # --- tool agent -------------------------------------------------------------------
 
@@ -126,7 +95,7 @@ class ScriptedEngine(EngineBase):
 
     def _IsTopicEnd(self, ctx: dict[str, Any], rng: random.Random) -> str:
         answer = ctx.get("answer", "")
-        if any(answer.startswith(d.rstrip("。")[:2]) for d in _DENY) or len(answer) > 60:
+        if answer.startswith(("没有", "不会", "这个没有", "这个倒没有")) or len(answer) > 60:
             return "是"
         return "是" if rng.random() < 0.65 else "否"
 

@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from mdd.privacy import install_log_filter
+
+    install_log_filter()
     try:
         cfg = load_config(args.config, {
             "synth.cases": args.cases, "synth.out": args.out, "synth.variants": args.variants,

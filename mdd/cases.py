@@ -3,6 +3,10 @@
 A bad case never stops a run: every problem becomes a :class:`Reject` (file, position,
 case id when there is one, field, reason in words) and the good cases go on. A file that
 cannot be parsed at all raises :class:`CaseFileError`.
+
+De-identification is :mod:`mdd.privacy`'s: every free-text field (and sub-field name) is
+scrubbed, the case id is replaced by its safe id when it looks personal, and no reject reason
+ever quotes an input value (it names the kind of value instead).
 """
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from mdd import privacy
+
 MAX_FIELD_CHARS = 20_000
+MAX_KEY_CHARS = 60  # a sub-field name longer than this is cut
 
 REQUIRED_TEXT = ("诊断结果", "主诉", "现病史", "处理意见")
 OPTIONAL_TEXT = ("重要或相关躯体疾病史", "家族史")
@@ -23,13 +30,6 @@ _ICD_SPLIT = re.compile(r"[,，、;；/]")
 _AGE_TEXT = re.compile(r"^\s*(\d{1,3})\s*(岁)?\s*$")
 _GENDERS = {"男": "男", "女": "女", "男性": "男", "女性": "女"}
 
-# Undisclosed personal data, masked in place (the case still runs; the run record says so).
-_PII = (
-    ("id_card", re.compile(r"(?<!\d)[1-9]\d{5}(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx](?![\dXx])"), "[身份证号已隐去]"),
-    ("phone", re.compile(r"(?<!\d)(?:\+?86[- ]?)?1[3-9]\d[- ]?\d{4}[- ]?\d{4}(?!\d)"), "[电话已隐去]"),
-    ("phone", re.compile(r"(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"), "[电话已隐去]"),
-    ("email", re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"), "[邮箱已隐去]"),
-)
 
 
 class CaseFileError(ValueError):
@@ -58,7 +58,7 @@ class Reject:
 class Case:
     """One validated case. ``personal`` and ``exam`` keep the object-or-string shape."""
 
-    case_id: str
+    case_id: str  # the safe id (mdd.privacy): the raw id when it is plainly a serial, else its keyed hash
     age: int
     gender: str  # 男 | 女
     icd_code: str
@@ -70,7 +70,7 @@ class Case:
     family_history: str = "无"
     personal: dict[str, str] | str = field(default_factory=dict)
     exam: dict[str, str] | str = field(default_factory=dict)
-    masked: tuple[str, ...] = ()  # "field:kind" of personal data that was masked
+    masked: tuple[str, ...] = ()  # "field:kind" of personal data that was masked (患者:hashed for the id)
 
     @property
     def icd_codes(self) -> tuple[str, ...]:
@@ -199,43 +199,29 @@ def _read_file(f: Path) -> list[Any]:
 
 # --- validation ---------------------------------------------------------------------
 
-
-def _type_name(v: Any) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return f"a number ({v})"
-    if v is None:
-        return "null"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__
+_describe = privacy.describe_value
 
 
-def _mask(text: str, fieldname: str, hits: list[str]) -> str:
-    for kind, pattern, token in _PII:
-        text, n = pattern.subn(token, text)
-        if n:
-            hits.append(f"{fieldname}:{kind}")
-    return text
-
-
-def validate_record(rec: Any, source: str, position: int) -> tuple[Case | None, list[Reject]]:
-    """Validate one raw record. Returns the case (or None) and its problems."""
+def validate_record(rec: Any, source: str, position: int,
+                    deid: privacy.Deidentifier | None = None) -> tuple[Case | None, list[Reject]]:
+    """Validate and de-identify one raw record. Returns the case (or None) and its problems."""
+    deid = deid or privacy.default()
+    source = privacy.mask(source)
     problems: list[tuple[str, str]] = []
     if not isinstance(rec, dict):
-        return None, [Reject(source, position, None, "(record)", f"expected an object with the case fields, got {_type_name(rec)}")]
+        return None, [Reject(source, position, None, "(record)", f"expected an object with the case fields, got {_describe(rec)}")]
 
+    masked: list[str] = []
     raw_id = rec.get("患者")
     case_id: str | None = None
     if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
         problems.append(("患者", "missing case id"))
     elif isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
-        problems.append(("患者", f"case id must be text or an integer, got {_type_name(raw_id)}"))
+        problems.append(("患者", f"case id must be text or an integer, got {_describe(raw_id)}"))
     else:
-        case_id = str(raw_id).strip()
+        case_id, hashed = deid.case_id(str(raw_id).strip())
+        if hashed:
+            masked.append("患者:hashed")
 
     age: int | None = None
     raw_age = rec.get("年龄")
@@ -248,9 +234,9 @@ def validate_record(rec: Any, source: str, position: int) -> tuple[Case | None, 
     elif isinstance(raw_age, str) and (m := _AGE_TEXT.match(raw_age)):
         age = int(m.group(1))
     else:
-        problems.append(("年龄", f"must be an integer from 1 to 120, got {raw_age!r}"))
+        problems.append(("年龄", f"must be an integer from 1 to 120, got {_describe(raw_age)}"))
     if age is not None and not 1 <= age <= 120:
-        problems.append(("年龄", f"must be from 1 to 120, got {age}"))
+        problems.append(("年龄", "out of range (must be from 1 to 120)"))
         age = None
 
     raw_gender = rec.get("性别")
@@ -258,21 +244,21 @@ def validate_record(rec: Any, source: str, position: int) -> tuple[Case | None, 
     if raw_gender is None or raw_gender == "":
         problems.append(("性别", "missing"))
     elif gender is None:
-        problems.append(("性别", f"must be 男 or 女, got {raw_gender!r}"))
+        problems.append(("性别", f"must be 男 or 女, got {_describe(raw_gender)}"))
 
     raw_icd = rec.get("ICD编码")
     icd = ""
     if not isinstance(raw_icd, str) or not raw_icd.strip():
-        problems.append(("ICD编码", "missing" if raw_icd in (None, "") else f"must be text, got {_type_name(raw_icd)}"))
+        problems.append(("ICD编码", "missing" if raw_icd in (None, "") else f"must be text, got {_describe(raw_icd)}"))
     else:
         codes = [c.strip() for c in _ICD_SPLIT.split(raw_icd) if c.strip()]
         bad = [c for c in codes if not _ICD_ONE.match(c.upper())]
         if not codes or bad:
-            problems.append(("ICD编码", f"not an ICD-10 code: {', '.join(bad) or raw_icd!r} (expected e.g. F32.900, or several separated by commas)"))
+            problems.append(("ICD编码", f"not an ICD-10 code ({len(bad) or 1} of {len(codes) or 1} malformed; expected "
+                                        f"e.g. F32.900, or several separated by commas)"))
         else:
             icd = ",".join(c.upper().replace("X", "x") if "." in c else c.upper() for c in codes)
 
-    masked: list[str] = []
     texts: dict[str, str] = {}
     for name in REQUIRED_TEXT + OPTIONAL_TEXT:
         v = rec.get(name)
@@ -284,12 +270,12 @@ def validate_record(rec: Any, source: str, position: int) -> tuple[Case | None, 
                 texts[name] = "无"
             continue
         if not isinstance(v, str):
-            problems.append((name, f"must be text, got {_type_name(v)}"))
+            problems.append((name, f"must be text, got {_describe(v)}"))
             continue
         if len(v) > MAX_FIELD_CHARS:
             problems.append((name, f"oversized: {len(v):,} characters (limit {MAX_FIELD_CHARS:,})"))
             continue
-        texts[name] = _mask(v.strip(), name, masked)
+        texts[name] = deid.text(v.strip(), name, masked)
 
     sections: dict[str, dict[str, str] | str] = {}
     for name in SECTIONED:
@@ -301,21 +287,22 @@ def validate_record(rec: Any, source: str, position: int) -> tuple[Case | None, 
             if len(v) > MAX_FIELD_CHARS:
                 problems.append((name, f"oversized: {len(v):,} characters (limit {MAX_FIELD_CHARS:,})"))
             else:
-                sections[name] = _mask(v.strip(), name, masked)
+                sections[name] = deid.text(v.strip(), name, masked)
             continue
         if not isinstance(v, dict):
-            problems.append((name, f"must be an object of named sub-fields or text, got {_type_name(v)}"))
+            problems.append((name, f"must be an object of named sub-fields or text, got {_describe(v)}"))
             continue
         clean: dict[str, str] = {}
         for k, sub in v.items():
+            key = deid.text(str(k)[:MAX_KEY_CHARS], f"{name}.(name)", masked)  # a sub-field's name is free text too
             if sub is None:
                 continue
             if not isinstance(sub, str):
-                problems.append((f"{name}.{k}", f"must be text, got {_type_name(sub)}"))
+                problems.append((f"{name}.{key}", f"must be text, got {_describe(sub)}"))
             elif len(sub) > MAX_FIELD_CHARS:
-                problems.append((f"{name}.{k}", f"oversized: {len(sub):,} characters (limit {MAX_FIELD_CHARS:,})"))
+                problems.append((f"{name}.{key}", f"oversized: {len(sub):,} characters (limit {MAX_FIELD_CHARS:,})"))
             else:
-                clean[str(k)] = _mask(sub.strip(), f"{name}.{k}", masked)
+                clean[key] = deid.text(sub.strip(), f"{name}.{key}", masked)
         sections[name] = clean
 
     if problems:
@@ -335,31 +322,34 @@ def validate_record(rec: Any, source: str, position: int) -> tuple[Case | None, 
             family_history=texts.get("家族史", "无"),
             personal=sections["个人史"],
             exam=sections["精神检查"],
-            masked=tuple(masked),
+            masked=tuple(dict.fromkeys(masked)),
         ),
         [],
     )
 
 
-def validate_records(records: Iterable[tuple[str, int, Any]]) -> tuple[list[Case], list[Reject]]:
+def validate_records(records: Iterable[tuple[str, int, Any]],
+                     deid: privacy.Deidentifier | None = None) -> tuple[list[Case], list[Reject]]:
     """Validate all records; later duplicates of a case id are rejected."""
+    deid = deid or privacy.default()
     cases: list[Case] = []
     rejects: list[Reject] = []
     seen: dict[str, tuple[str, int]] = {}
     for source, position, rec in records:
-        case, problems = validate_record(rec, source, position)
+        case, problems = validate_record(rec, source, position, deid)
         if case is None:
             rejects.extend(problems)
             continue
         if case.case_id in seen:
             first = seen[case.case_id]
-            rejects.append(Reject(source, position, case.case_id, "患者",
-                                  f"duplicate case id: already used at position {first[1]} of {first[0]}"))
+            rejects.append(Reject(privacy.mask(source), position, case.case_id, "患者",
+                                  f"duplicate case id: already used at position {first[1]} of {privacy.mask(first[0])}"))
             continue
         seen[case.case_id] = (source, position)
         cases.append(case)
     return cases, rejects
 
 
-def load_cases(path: str | Path) -> tuple[list[Case], list[Reject]]:
-    return validate_records(read_records(path))
+def load_cases(path: str | Path, deid: privacy.Deidentifier | None = None) -> tuple[list[Case], list[Reject]]:
+    """Read, validate and de-identify; ``deid``: the run's (``privacy.for_output``), else ``privacy.default()``."""
+    return validate_records(read_records(path), deid)

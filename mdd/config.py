@@ -154,6 +154,16 @@ class PublishConfig(_Frozen):
     export: ExportConfig = ExportConfig()
 
 
+class PrivacyConfig(_Frozen):
+    """De-identification (mdd/privacy.py). The id-hash key is never part of the config: it comes from
+    the environment variable named here, else from the output's own key file (OUT/.privacy-key)."""
+
+    case_ids: Literal["auto", "always"] = Field(
+        "auto", description="auto: hash the case ids that look personal (names, long numbers, anything the "
+        "pattern set finds); always: hash every case id")
+    key_env: str = Field("MDD_PRIVACY_KEY", min_length=1, description="environment variable holding the id-hash key")
+
+
 class Config(_Frozen):
     run_name: str = "local"
     engine: EngineConfig = EngineConfig()
@@ -161,6 +171,7 @@ class Config(_Frozen):
     ray: RayConfig = RayConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     publish: PublishConfig = PublishConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @field_validator("run_name")
     @classmethod

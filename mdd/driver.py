@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from mdd import schema
+from mdd import privacy, schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
 from mdd.engines.base import EngineBase, EngineError, launch_engine
@@ -156,7 +156,8 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     sc = cfg.synth
     out = open_store(sc.out)
     out.check_root()
-    cases, rejects = load_cases(sc.cases)  # CaseFileError propagates: the file is unusable
+    deid = privacy.for_output(cfg.privacy, out)
+    cases, rejects = load_cases(sc.cases, deid)  # CaseFileError propagates: the file is unusable
     if sc.limit:
         cases = cases[: sc.limit]
     held, quarantined = dialogue_shards(out, quarantine=True)  # ShardError propagates: a foreign file in synth/
@@ -194,9 +195,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     masked = {c.case_id: list(c.masked) for c in cases if c.masked}
     rejected_cases = len({(r.source, r.position) for r in rejects})
     summary = {
-        "config": cfg.model_dump(mode="json"),
+        "config": privacy.mask_obj(cfg.model_dump(mode="json")),
         "versions": package_versions(),
-        "argv": sys.argv,
+        "argv": privacy.mask_obj(sys.argv),
         "counts": {
             "cases_valid": len(cases),
             "cases_rejected": rejected_cases,
@@ -276,8 +277,9 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
         if row is not None:
             pending_rows[si].append(row)
         else:
+            error = privacy.mask(error or "unknown")  # an engine's error body may quote the prompt
             failures.append({"dialogue_id": it.dialogue_id, "case_id": it.case_id, "variant": it.variant,
-                             "attempts": attempts[it.dialogue_id], "error": error or "unknown"})
+                             "attempts": attempts[it.dialogue_id], "error": error})
             log.error("dialogue %s failed after %d attempts: %s", it.dialogue_id, attempts[it.dialogue_id],
                       (error or "").splitlines()[0] if error else "")
         remaining[si] -= 1
@@ -321,7 +323,7 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                     # an engine (or worker) failure: give it time to restart before the retry
                     wait = sc.retry_backoff_s * 2 ** (n - 1) if res["error"].startswith(("engine", "worker")) else 0.0
                     log.warning("retrying %s in %.0f s (attempt %d): %s", it.dialogue_id, wait, n + 1,
-                                res["error"].splitlines()[0])
+                                privacy.mask(res["error"].splitlines()[0]))
                     heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))
                 else:
                     settle(it, None, res["error"])

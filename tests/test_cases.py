@@ -71,7 +71,7 @@ def test_personal_data_is_masked_and_recorded(pa20):
     assert problems == []
     assert "13812345678" not in case.present_illness and "example.com" not in case.present_illness
     assert "110101199003071234" not in case.present_illness
-    assert {m.split(":")[1] for m in case.masked} == {"phone", "email", "id_card"}
+    assert {m.split(":")[1] for m in case.masked} == {"mobile", "email", "id_card"}
 
 
 def test_mixed_file_rejects_broken_copies_and_keeps_good(tmp_path, pa20):

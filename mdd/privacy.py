@@ -1,0 +1,388 @@
+"""De-identification: one pattern set for case text, case ids, rejects and logs.
+
+Every free-text field of a case is scrubbed when it is validated (``mdd.cases``): each
+personal datum found is replaced by a token that names its kind (``[手机号已隐去]``), and the
+case records ``field:kind`` (never the value). Case ids (患者) that look personal are replaced by
+a stable keyed hash (``anon-`` + 16 hex digits); ``privacy.case_ids: always`` hashes every id.
+
+What is found (the README's table says the same; ``KINDS`` is the source):
+
+============== ====================================================================================
+kind           what
+============== ====================================================================================
+email          e-mail addresses, also with non-ASCII (Chinese) local parts and domains, ``(at)``
+mobile         Chinese mobile numbers (1[3-9] + 9 digits), optional +86 / 0086 / 86
+landline       numbers with an area code: 0 + 9-11 digits ("(010)12345678", "0755-1234-5678")
+phone          any other number of 5+ digits given after a phone cue (电话, 手机, 座机, 联系方式, tel)
+id_card        resident ID numbers: 18 characters (17 digits + digit or X) or the old 15 digits,
+               with a plausible birth date
+bank_card      bank-card-like digit runs: 12 or more digits that are none of the above
+qq             a number given as a QQ id (QQ, 扣扣)
+wechat         an id given as a WeChat id (微信, 微信号, vx, wx, WeChat)
+record_number  an identifier given after 住院号, 病案号, 门诊号, 病历号, 就诊卡号, 医保卡号, 社保卡号,
+               护照号, 证件号, 身份证号, 卡号
+address        house, building, unit and room numbers after a street or estate word (路 街 巷 弄 道
+               村 区 园 苑 里 庄 寓 厦): "解放路[门牌号已隐去]"; the street name itself is kept
+number         7 or more digits spelled out one by one ("1 3 8 1 …") that are none of the above
+============== ====================================================================================
+
+Digits are recognised in every common form: half- and full-width (１３８…), Chinese numerals
+(一三八…, 〇/零/幺, 壹贰叁…), and split by spaces, dashes, dots or parentheses ("138 1234 5678",
+"138.1234.5678", "+86-138-1234-5678", "1 3 8 1 2 3 4 5 6 7 8"). A number split into groups counts
+only when every group has at least 3 digits (or every group one digit), so dates such as
+"2013.10.15-2014.01.20" are left alone. Not detected: personal names in free text, birth dates,
+place names without house numbers. A case id that is a name is hashed (see ``looks_personal_id``).
+
+The key of the id hash comes from the environment variable named by ``privacy.key_env``
+(``MDD_PRIVACY_KEY``), never from the config file. Without it, the first run into an output
+makes a random key and keeps it in ``OUT/.privacy-key`` (mode 0600), so reruns into the same
+output give the same ids and resume works; keep that file out of published copies (or set the
+variable, which also gives the same ids across outputs).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+log = logging.getLogger("mdd.privacy")
+
+# kind -> replacement token
+KINDS: dict[str, str] = {
+    "email": "[邮箱已隐去]",
+    "mobile": "[手机号已隐去]",
+    "landline": "[电话已隐去]",
+    "phone": "[电话已隐去]",
+    "id_card": "[身份证号已隐去]",
+    "bank_card": "[银行卡号已隐去]",
+    "qq": "[QQ号已隐去]",
+    "wechat": "[微信号已隐去]",
+    "record_number": "[证件号已隐去]",
+    "address": "[门牌号已隐去]",
+    "number": "[号码已隐去]",
+}
+
+KEY_FILE = ".privacy-key"
+SAFE_ID_PREFIX = "anon-"
+
+# --- normalisation: one character in, one character out (spans stay aligned) ----------------
+
+_CN_DIGITS = {"〇": "0", "零": "0", "一": "1", "幺": "1", "二": "2", "三": "3", "四": "4", "五": "5", "六": "6",
+              "七": "7", "八": "8", "九": "9", "壹": "1", "贰": "2", "叁": "3", "肆": "4", "伍": "5", "陆": "6",
+              "柒": "7", "捌": "8", "玖": "9"}
+_DASHES = "‐‑‒–—―−﹣－"
+_TABLE = {ord(k): v for k, v in _CN_DIGITS.items()}
+_TABLE.update({ord(c): "-" for c in _DASHES})
+_TABLE.update({0x3000: " ", 0xA0: " ", 0x2002: " ", 0x2003: " ", 0x2009: " ", ord("\t"): " ",
+               ord("·"): ".", ord("・"): ".", ord("•"): "."})
+for _cp in range(0xFF01, 0xFF5F):  # full-width ASCII forms, except the CJK punctuation kept as is
+    if chr(_cp) not in "，：；！？（）":
+        _TABLE.setdefault(_cp, chr(_cp - 0xFEE0))
+_TABLE[ord("（")] = "("
+_TABLE[ord("）")] = ")"
+_TABLE[ord("：")] = "："
+
+
+def normalise(text: str) -> str:
+    """Same length as ``text``: full-width forms, Chinese numerals and dash variants made ASCII."""
+    return text.translate(_TABLE)
+
+
+# --- patterns (on normalised text) -----------------------------------------------------------------
+
+_SEP = r"[ \-.()]"
+_CUE_TAIL = r"(?:号码|号|码|ID|id)?\s*(?:是|为|[:：])?\s*"
+_CJK = "\u3400-\u9fff"
+# a local part is ASCII, or up to 4 CJK characters (a name) and ASCII; a top-level domain ASCII or 2-4 CJK
+_EMAIL = re.compile(rf"(?:[{_CJK}]{{1,4}}[A-Za-z0-9._%+\-]*|[A-Za-z0-9._%+\-]+)(?:@|\(at\)|\[at\])"
+                    rf"(?:[A-Za-z0-9\-{_CJK}]+\.)+(?:[A-Za-z]{{2,63}}|[{_CJK}]{{2,4}})")
+_CUED = (
+    ("qq", re.compile(r"(?i)(?:qq|扣扣)" + _CUE_TAIL + r"([0-9](?:" + _SEP + r"?[0-9]){4,12})")),
+    ("wechat", re.compile(r"(?i)(?:微信|weixin|wechat|vx|wx)" + _CUE_TAIL +
+                          r"([A-Za-z][-_A-Za-z0-9]{5,19}|\+?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
+    ("record_number", re.compile(r"(?:住院号|病案号|门诊号|病历号|就诊卡号|医保卡号|社保卡号|医保号|护照号|证件号|身份证号?|卡号)"
+                                 + _CUE_TAIL + r"([A-Za-z0-9](?:[-A-Za-z0-9 ]?[A-Za-z0-9]){3,})")),
+    ("phone", re.compile(r"(?i)(?:联系电话|联系方式|电话|手机|座机|tel|phone|mobile)" + _CUE_TAIL +
+                         r"(\+?\(?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
+)
+_ADDR_UNIT = r"[0-9]+\s*(?:号楼|号院|号|栋|幢|座|单元|室|楼|层|户|弄|排)"
+_ADDRESS = re.compile(r"(?<=[路街巷弄道村区园苑里庄寓厦])\s*(" + _ADDR_UNIT + r"(?:\s*-?\s*" + _ADDR_UNIT + r")*)")
+# digit groups joined by up to 3 separator characters; an optional + or ( in front, an X at the end
+_RUN = re.compile(r"(?<![0-9])(?:\+|\()?[0-9](?:" + _SEP + r"{0,3}[0-9])*(?:[Xx](?![A-Za-z]))?")
+_GROUP = re.compile(r"[0-9]+")
+_SPELLED = re.compile(r"(?<![0-9])[0-9](?:" + _SEP + r"{1,3}[0-9](?![0-9])){6,}")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    start: int
+    end: int
+    kind: str
+
+
+def _plausible_date(y: str, m: str, d: str) -> bool:
+    return 1 <= int(m) <= 12 and 1 <= int(d) <= 31 and (len(y) == 2 or y[:2] in ("18", "19", "20"))
+
+
+def classify_digits(digits: str, plus: bool = False, x: bool = False) -> str | None:
+    """The kind of one number (digits only; ``plus``: written with +; ``x``: ends with X)."""
+    if x:
+        return "id_card" if len(digits) == 17 else ("bank_card" if len(digits) >= 12 else None)
+    rest = digits
+    if digits.startswith("0086"):
+        rest = digits[4:]
+    elif digits.startswith("86") and (plus or (len(digits) == 13 and digits[2] == "1")):
+        rest = digits[2:]
+    if len(rest) == 11 and rest[0] == "1" and rest[1] in "3456789":
+        return "mobile"
+    if rest[:1] == "0" and 10 <= len(rest) <= 12 and rest[1:2] != "0":
+        return "landline"
+    n = len(digits)
+    if n == 18 and _plausible_date(digits[6:10], digits[10:12], digits[12:14]):
+        return "id_card"
+    if n == 15 and _plausible_date(digits[6:8], digits[8:10], digits[10:12]):
+        return "id_card"
+    if n >= 12:  # 12: a mobile number glued to one more digit must not slip through
+        return "bank_card"
+    return None
+
+
+def _runs(norm: str) -> Iterable[Hit]:
+    for m in _RUN.finditer(norm):
+        text = m.group()
+        x = text[-1] in "Xx"
+        groups = [(g.start() + m.start(), g.end() + m.start(), g.group()) for g in _GROUP.finditer(text)]
+        lead_at = m.start() if text[0] in "+(" else -1
+        if _SPELLED.search(text):  # digits spelled out one by one: the whole run, whatever it is glued to
+            yield Hit(m.start(), m.end(), classify_digits("".join(g[2] for g in groups)) or "number")
+            continue
+        i = 0
+        while i < len(groups):
+            found = False
+            for j in range(min(len(groups), i + 20) - 1, i - 1, -1):
+                part = groups[i:j + 1]
+                if len(part) > 1 and not _grouped_like_a_number(part):
+                    continue
+                digits = "".join(g[2] for g in part)
+                ends_x = x and j == len(groups) - 1
+                lead = lead_at >= 0 and part[0][0] - 1 == lead_at  # the + or ( written before the number
+                kind = classify_digits(digits, plus=lead and text[0] == "+", x=ends_x)
+                if kind is None and ends_x:  # the X was not part of an ID number
+                    kind, ends_x = classify_digits(digits), False
+                if kind is None:
+                    continue
+                start = part[0][0] - (1 if lead else 0)
+                end = part[-1][1] + (1 if ends_x else 0)
+                yield Hit(start, end, kind)
+                i, found = j + 1, True
+                break
+            if not found:
+                i += 1
+
+
+def _grouped_like_a_number(part: list[tuple[int, int, str]]) -> bool:
+    """Groups of 3+ digits (a leading country code 86 may have 2), or one digit each (spelled out);
+    dates and ranges ("2013.10.15", "1-2") have groups of 1-2 digits among longer ones."""
+    lens = [len(g[2]) for g in part]
+    if all(n == 1 for n in lens):
+        return True
+    return all(n >= 3 for n in lens[1:]) and (lens[0] >= 3 or part[0][2] in ("86", "0086"))
+
+
+def find(text: str) -> list[Hit]:
+    """Every personal datum in ``text``, as non-overlapping spans in order.
+
+    Detectors run in order (e-mail, digit runs, cued ids, house numbers); overlapping finds are
+    merged into one span (masking more, never less) that keeps the kind of the first detector."""
+    norm = normalise(text)
+    found: list[Hit] = [Hit(m.start(), m.end(), "email") for m in _EMAIL.finditer(norm)]
+    found += _runs(norm)
+    for kind, pat in _CUED:  # what is given as such; a cue inside another cue's value counts too
+        pos = 0
+        while (m := pat.search(norm, pos)) is not None:
+            found.append(Hit(m.start(1), m.end(1), kind))
+            pos = m.start() + 1
+    found += [Hit(m.start(1), m.end(1), "address") for m in _ADDRESS.finditer(norm)]
+    rank = {id(h): i for i, h in enumerate(found)}
+    merged: list[Hit] = []
+    first: list[int] = []
+    for h in sorted(found, key=lambda h: (h.start, -h.end)):
+        if merged and h.start < merged[-1].end:
+            last = merged[-1]
+            kind = last.kind if first[-1] <= rank[id(h)] else h.kind
+            merged[-1] = Hit(last.start, max(last.end, h.end), kind)
+            first[-1] = min(first[-1], rank[id(h)])
+        elif h.start < h.end:
+            merged.append(h)
+            first.append(rank[id(h)])
+    return merged
+
+
+def scrub(text: str) -> tuple[str, list[str]]:
+    """``text`` with every personal datum replaced by its kind's token, and the kinds found."""
+    hits = find(text)
+    if not hits:
+        return text, []
+    parts, last = [], 0
+    for h in hits:
+        parts.append(text[last:h.start])
+        parts.append(KINDS[h.kind])
+        last = h.end
+    parts.append(text[last:])
+    return "".join(parts), [h.kind for h in hits]
+
+
+def mask(text: str) -> str:
+    """``scrub`` without the kinds: for messages, paths and errors on their way to a log or a table."""
+    return scrub(text)[0] if text else text
+
+
+def mask_obj(value: Any) -> Any:
+    """``mask`` over every string in a JSON-like value (dict keys too)."""
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, dict):
+        return {mask_obj(k): mask_obj(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [mask_obj(v) for v in value]
+    return value
+
+
+def describe_value(value: Any) -> str:
+    """The kind of a value, for a reject reason or a log line: never the value itself."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        kinds = scrub(str(value))[1]
+        return f"a number that looks like a {'/'.join(sorted(set(kinds)))} (masked)" if kinds else "a number"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, str):
+        kinds = scrub(value)[1]
+        what = f"text of {len(value)} characters"
+        return f"{what} holding personal data ({', '.join(sorted(set(kinds)))}; not shown)" if kinds else what
+    return type(value).__name__
+
+
+# --- case ids -------------------------------------------------------------------------------------
+
+_PLAIN_ID = re.compile(r"[A-Za-z]{0,12}[-_]?[0-9]{1,6}")
+
+
+def looks_personal_id(case_id: str) -> bool:
+    """True unless the id is plainly a serial: up to 12 ASCII letters, an optional - or _, and at
+    most 6 digits ("S01", "1", "pa20", "patient_12", "case-000123"). Names (Chinese or not),
+    numbers of 7+ digits and anything the pattern set finds are personal."""
+    return not _PLAIN_ID.fullmatch(case_id) or bool(find(case_id))
+
+
+class Deidentifier:
+    """The pattern set plus the keyed id hash of one output."""
+
+    def __init__(self, key: bytes, case_ids: str = "auto") -> None:
+        if case_ids not in ("auto", "always"):
+            raise ValueError(f"privacy.case_ids must be auto or always, got {case_ids!r}")
+        self._key = key
+        self.case_ids = case_ids
+
+    @property
+    def key_id(self) -> str:
+        """Names the key without revealing it (part of the provenance fingerprint)."""
+        return hmac.new(self._key, b"mdd key id", hashlib.sha256).hexdigest()[:12]
+
+    def hash_id(self, raw: str) -> str:
+        norm = unicodedata.normalize("NFKC", raw).strip()
+        return SAFE_ID_PREFIX + hmac.new(self._key, norm.encode("utf-8"), hashlib.sha256).hexdigest()[:16]
+
+    def case_id(self, raw: str) -> tuple[str, bool]:
+        """(safe id, whether it was hashed)."""
+        if self.case_ids == "always" or looks_personal_id(raw):
+            return self.hash_id(raw), True
+        return raw, False
+
+    def text(self, value: str, fieldname: str, masked: list[str]) -> str:
+        """``value`` scrubbed; appends ``field:kind`` for each kind found."""
+        out, kinds = scrub(value)
+        masked.extend(f"{fieldname}:{k}" for k in dict.fromkeys(kinds))
+        return out
+
+
+def _key_from_env(env_name: str) -> bytes | None:
+    v = os.environ.get(env_name, "")
+    return v.encode("utf-8") if v.strip() else None
+
+
+def output_key(out: Any, env_name: str = "MDD_PRIVACY_KEY") -> tuple[bytes, str]:
+    """The id-hash key for an output (a ``mdd.storage.Store`` or a path) and where it came from
+    ("env" or the output's key file)."""
+    from mdd.storage import open_store
+
+    key = _key_from_env(env_name)
+    if key is not None:
+        return key, "env"
+    store = open_store(out)
+    if not store.exists(KEY_FILE):
+        new = secrets.token_hex(32)
+        local = store.local_path(KEY_FILE)
+        if local is not None:  # readable by its owner only, from the first byte
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            try:
+                fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another run made it first: use that one
+                fd = None
+            if fd is not None:
+                with os.fdopen(fd, "w") as f:
+                    f.write(new)
+        else:
+            store.write_text(KEY_FILE, new)
+        log.warning("privacy: %s is not set; case ids are hashed with this output's own key in %s "
+                    "(keep it out of published copies)", env_name, store.display(KEY_FILE))
+    return store.read_text(KEY_FILE).strip().encode("utf-8"), "file"
+
+
+def for_output(cfg: Any, out: Any) -> Deidentifier:
+    """The de-identifier of a run into ``out`` (``cfg``: the config's ``privacy`` section)."""
+    key, _ = output_key(out, cfg.key_env)
+    return Deidentifier(key, cfg.case_ids)
+
+
+_PROCESS_KEY = secrets.token_bytes(32)
+
+
+def default() -> Deidentifier:
+    """Without an output: the environment's key, else one random key per process (ids that look
+    personal are then stable within the process only; the driver always uses ``for_output``)."""
+    return Deidentifier(_key_from_env("MDD_PRIVACY_KEY") or _PROCESS_KEY)
+
+
+class MaskingFilter(logging.Filter):
+    """Masks personal data in every log record that passes through (a last line of defence:
+    messages are written not to echo input in the first place)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record: let logging report it as usual
+            return True
+        masked = mask(msg)
+        if masked != msg:
+            record.msg, record.args = masked, None
+        return True
+
+
+def install_log_filter(logger: logging.Logger | None = None) -> None:
+    """Put a :class:`MaskingFilter` on every handler of ``logger`` (root by default)."""
+    lg = logger or logging.getLogger()
+    for h in lg.handlers:
+        if not any(isinstance(f, MaskingFilter) for f in h.filters):
+            h.addFilter(MaskingFilter())

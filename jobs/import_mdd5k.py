@@ -4,8 +4,11 @@
     python -m jobs.import_mdd5k --dialogues D --labels L --out DIR   # flat layout
 
 Writes ``DIR/synth/mdd5k-00000.parquet`` … (deterministic shards, sorted by case number and
-variant) and ``DIR/rejects.parquet`` (malformed files or records; REJECT schema). A rerun
-replaces the previous import (old ``mdd5k-*.parquet`` shards are removed first).
+variant) and ``DIR/rejects.parquet`` (REJECT schema): malformed files or records, a second file
+for the same case number (``patient_01.json`` after ``patient_1.json``: cases are keyed by the
+number), and dialogue files without a label file (imported without diagnosis). Turn text passes
+through the de-identification patterns (``mdd.privacy``). A rerun replaces the previous import
+(old ``mdd5k-*.parquet`` shards are removed first).
 """
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from mdd import privacy
 from mdd.evaluate.speech import jargon_turns
 from mdd.schema import DIALOGUE, REJECT
+from mdd.storage import write_table
 
 _CASE_RE = re.compile(r"^patient_(\d+)\.json$")
 _LABEL_RE = re.compile(r"^patient_(\d+)_label\.json$")
@@ -49,6 +53,21 @@ def _load_label(path: Path | None, case_id: str, rejects: list[dict]) -> tuple[s
     return code, diag
 
 
+def _by_number(folder: Path | None, pattern: re.Pattern, what: str, rejects: list[dict]) -> dict[int, Path]:
+    """``{case number: file}``; a second file for the same number (patient_01 beside patient_1) is a reject."""
+    found: dict[int, Path] = {}
+    if folder is None or not Path(folder).is_dir():
+        return found
+    named = [(int(m.group(1)), p) for p in Path(folder).iterdir() if (m := pattern.match(p.name))]
+    for n, p in sorted(named, key=lambda t: (t[0], len(t[1].name), t[1].name)):  # patient_1 before patient_01
+        if n in found:
+            _reject(rejects, p, 0, f"patient_{n}", "file",
+                    f"duplicate {what}: same case number as {found[n].name} (ids are normalised: patient_{n})")
+        else:
+            found[n] = p
+    return found
+
+
 def _turns(conv: Any) -> tuple[list[dict] | None, str]:
     """Conversation -> turns; (None, reason) when malformed."""
     if not isinstance(conv, list) or not conv:
@@ -65,9 +84,9 @@ def _turns(conv: Any) -> tuple[list[dict] | None, str]:
         if not (doc or "").strip() and not (pat or "").strip():
             return None, f"exchange {i} has neither doctor nor patient text"
         if doc is not None and doc.strip():
-            turns.append({"speaker": "doctor", "text": doc.strip(), "topic": None})
+            turns.append({"speaker": "doctor", "text": privacy.mask(doc.strip()), "topic": None})
         if pat is not None and pat.strip():
-            turns.append({"speaker": "patient", "text": pat.strip(), "topic": None})
+            turns.append({"speaker": "patient", "text": privacy.mask(pat.strip()), "topic": None})
     return turns, ""
 
 
@@ -119,23 +138,14 @@ def import_mdd5k(dialogues_dir: Path, labels_dir: Path | None, out: Path, shard_
     dialogues_dir, out = Path(dialogues_dir), Path(out)
     if not dialogues_dir.is_dir():
         raise FileNotFoundError(f"{dialogues_dir}: dialogue folder not found")
-    files = []
-    for p in dialogues_dir.iterdir():
-        m = _CASE_RE.match(p.name)
-        if m:
-            files.append((int(m.group(1)), p))
-    files.sort()
-    labels: dict[int, Path] = {}
-    if labels_dir is not None and Path(labels_dir).is_dir():
-        for p in Path(labels_dir).iterdir():
-            m = _LABEL_RE.match(p.name)
-            if m:
-                labels[int(m.group(1))] = p
+    rejects: list[dict] = []
+    files = _by_number(dialogues_dir, _CASE_RE, "dialogue file", rejects)
+    labels = _by_number(labels_dir, _LABEL_RE, "label file", rejects)
+    n_duplicates = len(rejects)
 
     rows: list[dict] = []
-    rejects: list[dict] = []
     n_files_ok = n_files_bad = n_unlabelled = 0
-    for n, path in files:
+    for n, path in sorted(files.items()):
         case_id = f"patient_{n}"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -148,6 +158,9 @@ def import_mdd5k(dialogues_dir: Path, labels_dir: Path | None, out: Path, shard_
             n_files_bad += 1
             continue
         n_files_ok += 1
+        if n not in labels:
+            where = Path(labels_dir) / f"patient_{n}_label.json" if labels_dir is not None else path
+            _reject(rejects, where, 0, case_id, "label", "no label file: its dialogues are imported without diagnosis")
         code, diag = _load_label(labels.get(n), case_id, rejects)
         if code is None and diag is None:
             n_unlabelled += 1
@@ -168,17 +181,18 @@ def import_mdd5k(dialogues_dir: Path, labels_dir: Path | None, out: Path, shard_
     shards = 0
     for start in range(0, len(rows), shard_size):
         chunk = rows[start : start + shard_size]
-        pq.write_table(pa.Table.from_pylist(chunk, schema=DIALOGUE), synth / f"mdd5k-{shards:05d}.parquet")
+        write_table(pa.Table.from_pylist(chunk, schema=DIALOGUE), synth / f"mdd5k-{shards:05d}.parquet")
         shards += 1
     rej_path = out / "rejects.parquet"
     if rejects:
-        pq.write_table(pa.Table.from_pylist(rejects, schema=REJECT), rej_path)
+        write_table(pa.Table.from_pylist(rejects, schema=REJECT), rej_path)
     elif rej_path.exists():
         rej_path.unlink()
     return {
         "files": len(files),
         "files_ok": n_files_ok,
         "files_rejected": n_files_bad,
+        "duplicate_files": n_duplicates,
         "dialogues": len(rows),
         "exchanges": sum(r["n_exchanges"] for r in rows),
         "rejects": len(rejects),
@@ -214,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"imported {counts['dialogues']} dialogues ({counts['exchanges']} exchanges) from "
         f"{counts['files_ok']}/{counts['files']} case files into {counts['shards']} shard(s) under "
-        f"{Path(args.out) / 'synth'}; {counts['rejects']} rejected, {counts['unlabelled_cases']} case(s) without label"
+        f"{Path(args.out) / 'synth'}; {counts['rejects']} reject rows ({counts['duplicate_files']} duplicate files), "
+        f"{counts['unlabelled_cases']} case(s) without label"
     )
     return 0
 

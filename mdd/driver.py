@@ -31,7 +31,7 @@ import pyarrow as pa
 from mdd import privacy, schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
-from mdd.engines.base import EngineBase, EngineError, launch_engine
+from mdd.engines.base import EngineBase, EngineError, add_metrics, launch_engine
 from mdd.evaluate.speech import SpeechTally
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 
@@ -74,7 +74,8 @@ class DialogueWorker:
         except EngineError as exc:
             return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
         except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
-            return {"ok": False, "retriable": True,
+            # retried from the start unless the exception says retrying cannot help (a 4xx request error)
+            return {"ok": False, "retriable": getattr(exc, "retriable", True),
                     "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
         return {
             "ok": True,
@@ -87,6 +88,10 @@ class DialogueWorker:
 
     def ready(self) -> bool:
         return True
+
+    def engine_metrics(self) -> dict[str, float]:
+        """This worker's engine counters (collected before the worker is killed)."""
+        return self.engine.worker_metrics()
 
 
 # --- output helpers ---------------------------------------------------------------------------
@@ -181,9 +186,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         if engine is None:
             engine = launch_engine(cfg.engine)
         try:
-            _fan_out(cfg, cases, engine, work, stats, failures, out, progress, initial=len(items) - len(todo),
-                     total=len(items))
-            engine_metrics = engine.metrics()
+            worker_metrics = _fan_out(cfg, cases, engine, work, stats, failures, out, progress,
+                                      initial=len(items) - len(todo), total=len(items))
+            engine_metrics = add_metrics(engine.metrics(), *worker_metrics)
         finally:
             if own_engine:
                 engine.shutdown()
@@ -231,7 +236,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
 
 
 def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[Item]], stats: RunStats,
-             failures: list[dict[str, Any]], out: Store, progress: bool, initial: int, total: int) -> None:
+             failures: list[dict[str, Any]], out: Store, progress: bool, initial: int,
+             total: int) -> list[dict[str, float]]:
+    """Runs the work on dialogue workers; returns each worker's engine counters."""
     import ray
     from tqdm import tqdm
 
@@ -329,5 +336,22 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                     settle(it, None, res["error"])
     finally:
         bar.close()
+        collected = _collect_worker_metrics(workers)
         for w in workers:
             ray.kill(w)
+    return collected
+
+
+def _collect_worker_metrics(workers: list[Any], timeout_s: float = 10.0) -> list[dict[str, float]]:
+    """Each live worker's engine counters; a worker that does not answer in time is left out."""
+    import ray
+
+    refs = [w.engine_metrics.remote() for w in workers]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    out = []
+    for ref in ready:
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayError:
+            log.warning("a dialogue worker's engine counters could not be collected")
+    return out

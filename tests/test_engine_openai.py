@@ -5,6 +5,7 @@ import json
 import pickle
 import threading
 import time
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -14,11 +15,25 @@ from mdd.engines.base import EngineError, Message, Request, Sampling
 from mdd.engines.openai_engine import OpenAIEngine, OpenAIRequestError
 
 
+MALFORMED = {  # 200 bodies that are not a chat completion
+    "truncated": b'{"id": "x", "choices": [{"message": {"content": "\xe5\xa5',
+    "html": b"<html><body>502 Bad Gateway</body></html>",
+    "no-choices": b'{"id": "x", "object": "chat.completion", "choices": []}',
+    "null-content": b'{"choices": [{"message": {"content": {"a": 1}}}]}',
+}
+
+
 class StandIn:
-    """Scripted responses: a queue of (status, headers) consumed per request, then 200s."""
+    """Scripted responses: a queue of (status, headers) consumed per request, then 200s. A status
+    may name a malformed 200 body (MALFORMED). ``malformed_every``: every n-th request gets one;
+    ``reject_marker``: HTTP 400 for a request whose messages contain it."""
 
     def __init__(self) -> None:
-        self.script: list[tuple[int, dict[str, str]]] = []
+        self.script: list[tuple[int | str, dict[str, str]]] = []
+        self.malformed_every = 0
+        self.malformed_sent = 0
+        self.reject_marker: str | None = None
+        self.rejected = 0
         self.bodies: list[dict] = []
         self.times: list[float] = []
         self.headers: list[dict[str, str]] = []
@@ -43,22 +58,36 @@ def _handler(state: StandIn):
                 state.active += 1
                 state.max_active = max(state.max_active, state.active)
                 status, hdrs = state.script.pop(0) if state.script else (200, {})
+                if state.malformed_every and len(state.bodies) % state.malformed_every == 0:
+                    status = list(MALFORMED)[state.malformed_sent % len(MALFORMED)]
+                    state.malformed_sent += 1
+                if state.reject_marker and any(state.reject_marker in m["content"] for m in body.get("messages", [])):
+                    status = 400
+                    state.rejected += 1
             try:
                 if state.delay:
                     time.sleep(state.delay)
                 if self.path != "/v1/chat/completions":
                     status = 404
-                if status == 200:
+                structured = body.get("structured_outputs") or {}
+                content = structured["choice"][0] if "choice" in structured else (
+                    '{"covered": []}' if "json" in structured else "好的")
+                if isinstance(status, str):
+                    payload = None
+                    data = MALFORMED[status]
+                    status = 200
+                elif status == 200:
                     payload = {
                         "id": "x", "object": "chat.completion", "model": body.get("model"),
                         "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": "好的"}}],
+                                     "message": {"role": "assistant", "content": content}}],
                         "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13,
                                   "prompt_tokens_details": {"cached_tokens": 8}},
                     }
                 else:
                     payload = {"error": {"message": f"status {status}"}}
-                data = json.dumps(payload).encode()
+                if payload is not None:
+                    data = json.dumps(payload).encode()
                 self.send_response(status)
                 for k, v in hdrs.items():
                     self.send_header(k, v)
@@ -158,13 +187,40 @@ async def test_concurrency_limit(server):
     assert eng.metrics()["max_in_flight"] <= 3
 
 
-async def test_client_error_is_not_retried(server):
-    server.script = [(400, {})]
+@pytest.mark.parametrize("status", [400, 401, 404, 422, 425])
+async def test_client_error_is_not_retried(server, status):
+    server.script = [(status, {})]
     eng = _engine(server.url)
-    with pytest.raises(OpenAIRequestError, match="HTTP 400") as ei:
+    with pytest.raises(OpenAIRequestError, match=f"HTTP {status}") as ei:
         await eng.generate(REQ)
-    assert not isinstance(ei.value, EngineError)
+    assert not isinstance(ei.value, EngineError) and ei.value.retriable is False
     assert len(server.bodies) == 1
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 503])
+async def test_transient_statuses_are_retried(server, status):
+    server.script = [(status, {})]
+    eng = _engine(server.url)
+    assert (await eng.generate(REQ)).text == "好的"
+    assert len(server.bodies) == 2 and eng.metrics()["retries"] == 1
+
+
+async def test_malformed_bodies_are_retried_like_transport_errors(server):
+    server.script = [(kind, {}) for kind in MALFORMED]
+    eng = _engine(server.url)
+    c = await eng.generate(REQ)
+    assert c.text == "好的" and len(server.bodies) == len(MALFORMED) + 1
+    m = eng.metrics()
+    assert (m["malformed"], m["retries"], m["requests"], m["errors"]) == (len(MALFORMED), len(MALFORMED), 1, 0)
+
+
+async def test_malformed_bodies_beyond_the_retries_are_an_engine_error(server):
+    server.script = [("html", {})] * 10
+    eng = _engine(server.url, max_retries=2)
+    with pytest.raises(EngineError, match="malformed response body") as ei:
+        await eng.generate(REQ)
+    assert "Bad Gateway" not in str(ei.value)  # the body is not quoted
+    assert len(server.bodies) == 3
 
 
 async def test_connection_refused_is_engine_error():
@@ -188,3 +244,54 @@ def test_missing_base_url_names_the_env_var(monkeypatch):
     monkeypatch.delenv("MDD_OPENAI_BASE_URL", raising=False)
     with pytest.raises(EngineError, match="MDD_OPENAI_BASE_URL"):
         OpenAIEngine.launch(EngineConfig(name="openai", model="m"))
+
+
+# --- the driver with the openai engine: real Ray workers against the stand-in on 127.0.0.1 ---------------
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "cases" / "sample_cases.json"
+
+
+def _driver_config(tmp_path: Path, url: str, cases: list[dict]):
+    from mdd.config import load_config
+
+    f = tmp_path / "cases.json"
+    f.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+    return load_config(ROOT / "configs" / "local.yaml", {
+        "engine.name": "openai", "engine.model": "stand-in", "synth.cases": str(f), "synth.out": str(tmp_path / "out"),
+        "synth.variants": 2, "synth.in_flight": 8, "synth.max_attempts": 3, "synth.retry_backoff_s": 0.1,
+        "engine.openai": {"base_url": url, "backoff_s": 0.01, "max_backoff_s": 0.05, "max_retries": 4}})
+
+
+def test_two_percent_malformed_bodies_every_dialogue_completes(ray_session, server, tmp_path):
+    from mdd.driver import run_synthesis
+
+    server.malformed_every = 50  # 2% of the responses
+    cases = json.loads(SAMPLES.read_text(encoding="utf-8"))[:3]
+    summary = run_synthesis(_driver_config(tmp_path, server.url, cases), progress=False)
+    c = summary["counts"]
+    assert (c["dialogues_run"], c["dialogues_failed"], c["dialogue_retries"]) == (6, 0, 0)
+    assert server.malformed_sent >= 5
+    m = summary["engine"]["metrics"]  # counted on the workers, collected into run.json
+    run = json.loads((tmp_path / "out" / "run.json").read_text(encoding="utf-8"))["synthesize"]
+    assert run["engine"]["metrics"] == m
+    assert m["requests"] == summary["llm_calls"]["total"] == len(server.bodies) - server.malformed_sent
+    assert m["malformed"] == m["retries"] == server.malformed_sent
+
+
+def test_a_final_client_error_fails_its_dialogues_once(ray_session, server, tmp_path):
+    import polars as pl
+
+    from mdd.driver import run_synthesis
+
+    cases = json.loads(SAMPLES.read_text(encoding="utf-8"))[:3]
+    cases[1]["主诉"] += "（拒收标记）"
+    server.reject_marker = "拒收标记"
+    summary = run_synthesis(_driver_config(tmp_path, server.url, cases), progress=False)
+    failures = pl.read_parquet(tmp_path / "out" / "failures.parquet")
+    bad = cases[1]["患者"]
+    assert sorted(failures["dialogue_id"]) == [f"{bad}-v0", f"{bad}-v1"]
+    assert (failures["attempts"] == 1).all() and failures["error"].str.contains("HTTP 400").all()
+    assert server.rejected == 2  # one request per dialogue: neither the engine nor the driver retried
+    assert summary["counts"]["dialogues_run"] == 4 and summary["counts"]["dialogue_retries"] == 0
+    assert summary["engine"]["metrics"]["errors"] == 2

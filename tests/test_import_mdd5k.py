@@ -63,7 +63,7 @@ def test_released_layout_malformed_and_unlabelled(tmp_path, capsys):
     )
     out = tmp_path / "out"
     assert main(["--src", str(src), "--out", str(out), "--shard-size", "4"]) == 0
-    assert "rejected" in capsys.readouterr().out
+    assert "5 reject rows" in capsys.readouterr().out
     t = pq.read_table(out / "synth")
     assert t.num_rows == 11  # 5 + 5 + the one good record of patient_9
     assert sorted(p.name for p in (out / "synth").glob("*.parquet")) == [
@@ -74,7 +74,30 @@ def test_released_layout_malformed_and_unlabelled(tmp_path, capsys):
     rej = pq.read_table(out / "rejects.parquet")
     assert rej.schema.equals(REJECT, check_metadata=False)
     got = {(Path(r["source"]).name, r["position"], r["field"]) for r in rej.to_pylist()}
-    assert got == {("patient_7.json", 0, "file"), ("patient_9.json", 1, "conversation"), ("patient_9.json", 2, "record")}
+    assert got == {("patient_7.json", 0, "file"), ("patient_9.json", 1, "conversation"), ("patient_9.json", 2, "record"),
+                   ("patient_9_label.json", 0, "label"), ("patient_51_label.json", 0, "label")}  # missing labels
+
+
+def test_ids_are_normalised_and_a_second_file_of_a_case_is_a_reject(tmp_path, capsys):
+    src = tmp_path / "src"
+    (src / "MDD_5k").mkdir(parents=True)
+    (src / "Label").mkdir()
+    shutil.copy(MDD5K / "dialogues" / "patient_1.json", src / "MDD_5k" / "patient_01.json")
+    shutil.copy(MDD5K / "dialogues" / "patient_1.json", src / "MDD_5k" / "patient_1.json")
+    shutil.copy(MDD5K / "dialogues" / "patient_51.json", src / "MDD_5k" / "patient_0051.json")
+    for name in ("patient_1_label.json", "patient_001_label.json", "patient_51_label.json"):
+        shutil.copy(MDD5K / "labels" / ("patient_51_label.json" if "51" in name else "patient_1_label.json"),
+                    src / "Label" / name)
+    out = tmp_path / "out"
+    assert main(["--src", str(src), "--out", str(out)]) == 0
+    assert "2 duplicate files" in capsys.readouterr().out
+    ids = pq.read_table(out / "synth").column("dialogue_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 10
+    assert {i.rsplit("-", 1)[0] for i in ids} == {"mdd5k-1", "mdd5k-51"}
+    rej = pq.read_table(out / "rejects.parquet").to_pylist()
+    assert {(Path(r["source"]).name, r["field"], r["case_id"]) for r in rej} == {
+        ("patient_01.json", "file", "patient_1"), ("patient_001_label.json", "file", "patient_1")}
+    assert all("duplicate" in r["reason"] and "patient_1" in r["reason"] for r in rej)
 
 
 def test_missing_source(tmp_path, capsys):

@@ -72,6 +72,26 @@ class EngineError(RuntimeError):
     """A retriable infrastructure failure (engine down, endpoint unreachable)."""
 
 
+class EngineRequestError(ValueError):
+    """A request the engine refuses for good (bad request, unknown model): retrying cannot help.
+
+    ``retriable = False`` tells the driver to record the dialogue as failed after one attempt."""
+
+    retriable = False
+
+
+def add_metrics(*parts: dict[str, float]) -> dict[str, float]:
+    """Counters of several processes as one: summed, except ``max_*`` (the maximum) and the
+    ``in_flight`` gauge (left out)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            if k == "in_flight" or not isinstance(v, (int, float)):
+                continue
+            out[k] = max(out.get(k, v), v) if k.startswith("max_") else out.get(k, 0.0) + v
+    return out
+
+
 @runtime_checkable
 class Engine(Protocol):
     name: str
@@ -121,6 +141,12 @@ class EngineBase:
         return None
 
     def metrics(self) -> dict[str, float]:
+        return {}
+
+    def worker_metrics(self) -> dict[str, float]:
+        """Counters kept in this process's copy of the engine (an HTTP client's requests and
+        retries): the driver collects them from every dialogue worker and adds them up. Engines
+        whose counters live in their own actors (vLLM) report through ``metrics`` instead."""
         return {}
 
     def shutdown(self) -> None:

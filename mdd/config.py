@@ -114,18 +114,38 @@ class RayConfig(_Frozen):
     include_dashboard: bool = False
 
 
+class ValidityConfig(_Frozen):
+    """The self-check every evaluation run makes (mdd/evaluate/validity.py)."""
+
+    sample_dialogues: int = Field(40, ge=2, description="dialogues of the run its negative controls are made from")
+    min_auc: float = Field(0.8, ge=0.5, le=1.0, description="patient_ability AUC, real vs each control, to count "
+                           "as separated")
+    max_control_hq_share: float = Field(0.1, ge=0.0, le=1.0, description="controls' high-quality share above "
+                                        "which a recipe counts as not separated")
+    seed: int = 0
+
+
 class EvaluateConfig(_Frozen):
     embedder: str = "hashing"
     embedder_model: str | None = None
     judge: str = "keyword"
     threshold: float = Field(0.7, ge=0.0, le=1.0)
     rule_sets: tuple[str, ...] = ("psychiatric",)
-    batch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1, description="exchanges per scoring batch, in whole dialogues (~20 "
+                            "exchanges each): the relevance signal compares a dialogue with the others of its batch")
     distractors: int = Field(15, ge=1)
     faithfulness_default: float = Field(0.75, ge=0.0, le=1.0)
-    faithfulness: Literal["auto", "default", "llm"] = Field(
-        "auto", description="auto: the LLM judge (cfg.engine) when judge is 'llm', else faithfulness_default"
+    faithfulness: Literal["auto", "record", "default", "llm"] = Field(
+        "auto", description="auto: the LLM judge (cfg.engine) when judge is 'llm', else record; record: checked "
+        "against OUT/cases.parquet (null where a dialogue's case record is unknown); default: the seed's constant "
+        "faithfulness_default"
     )
+    relevance_spaces: Literal["lexical", "embedder", "lexical+embedder"] = Field(
+        "lexical", description="vectors of the calibrated relevance: IDF character n-grams learnt from the run, "
+        "the embedder's, or both (mean z)")
+    idf_sample_dialogues: int = Field(300, ge=1, description="dialogues the n-gram document frequencies are "
+                                      "learnt from")
+    validity: ValidityConfig = ValidityConfig()
     concurrency: int | None = Field(None, ge=1, description="scoring actors; None: CPUs - 1 (at least 1), one per GPU for sentence-transformers")
     lexicon: str | None = Field(None, description="evaluator lexicon YAML; None: mdd/knowledge/lexicons.yaml")
 

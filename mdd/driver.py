@@ -105,7 +105,7 @@ def write_rejects(out: Store, rejects: list[Reject]) -> None:
     out.write_table(pa.Table.from_pylist([r.as_row() for r in rejects], schema=schema.REJECT), "rejects.parquet")
 
 
-def write_cases(out: Path, cases: list[Case]) -> None:
+def write_cases(out: Store, cases: list[Case]) -> None:
     """``OUT/cases.parquet``: the validated, masked records (the evaluator checks answers against
     them). Cases of an earlier run into the same folder stay unless this run has them anew."""
     from mdd.evaluate.faithfulness import case_fields
@@ -113,17 +113,16 @@ def write_cases(out: Path, cases: list[Case]) -> None:
     rows = {c.case_id: {"case_id": c.case_id, "age": c.age, "gender": c.gender, "icd_code": c.icd_code,
                         "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
                         "masked": list(c.masked)} for c in cases}
-    path = out / "cases.parquet"
-    if path.is_file():
+    if out.is_file("cases.parquet"):
         try:
-            old = pq.read_table(path).cast(schema.CASE).to_pylist()
+            old = out.read_table("cases.parquet").cast(schema.CASE).to_pylist()
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
-            log.warning("%s: unreadable (%s); writing it anew", path, exc)
+            log.warning("%s: unreadable (%s); writing it anew", out.display("cases.parquet"), exc)
             old = []
         for r in old:
             rows.setdefault(r["case_id"], r)
     table = pa.Table.from_pylist(sorted(rows.values(), key=lambda r: r["case_id"]), schema=schema.CASE)
-    write_table(table, path)
+    out.write_table(table, "cases.parquet")
 
 
 def package_versions() -> dict[str, str]:

@@ -8,7 +8,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mdd.schema import DIALOGUE_EVAL, METRICS, QA_SIDECAR, RULE_RESULT, TURN_EVAL
+from mdd.evaluate.gates import GATES
+from mdd.evaluate.validity import RECIPES
+from mdd.schema import DIALOGUE_EVAL, METRICS, QA_SIDECAR, RULE_RESULT, TURN_EVAL, VALIDITY
 
 MDD5K = Path(__file__).parents[1].parent / "shared" / "mdd5k"
 
@@ -47,10 +49,16 @@ def test_every_exchange_scored(run):
                                        synth.column("n_exchanges").to_pylist()) for t in range(n)}
     assert set(keys) == expected
     for m in METRICS:
+        if m == "faithfulness":  # imported dialogues have no case record: unknown, not a constant
+            assert turns.column(m).null_count == turns.num_rows
+            continue
         v = turns.column(m).to_numpy()
         assert turns.column(m).null_count == 0 and np.isfinite(v).all() and (v >= 0).all() and (v <= 1).all(), m
     share = float(np.mean(turns.column("high_quality").to_numpy(zero_copy_only=False)))
-    assert 0.01 < share < 0.99
+    assert 0.25 < share < 0.99
+    reasons = turns.column("hq_reason").to_pylist()
+    assert set(reasons) <= set(GATES) | {"ok"}
+    assert turns.column("high_quality").to_pylist() == [r == "ok" for r in reasons]
 
 
 def test_dialogues_rules_and_run_json(run):
@@ -72,9 +80,26 @@ def test_dialogues_rules_and_run_json(run):
     ev = run_json["evaluate"]
     assert ev["dialogues"] == 100 and ev["exchanges"] == turns.num_rows and ev["high_quality"] == n_hq
     assert ev["embedder"] == "hashing" and ev["judge"] == "keyword"
-    assert set(ev["metric_means"]) == set(METRICS)
+    assert set(ev["metric_means"]) == set(METRICS) and ev["metric_means"]["faithfulness"] is None
+    assert ev["faithfulness"] == "record" and ev["faithfulness_known"] == 0
+    assert sum(ev["hq_reasons"].values()) == turns.num_rows and ev["hq_reasons"]["ok"] == n_hq
     assert ev["dialogues_per_s"] > 0 and ev["exchanges_per_s"] > 0
     assert sum(r["triggered"] for r in ev["rules"].values()) == n_trig
+
+
+def test_validity_self_check_is_written(run):
+    out, first = run
+    v = json.loads((out / "run.json").read_text(encoding="utf-8"))["evaluate"]["validity"]
+    assert v["separated"] is True and v["sample_dialogues"] == 40
+    assert set(v["recipes"]) == set(RECIPES)
+    for name, r in v["recipes"].items():
+        assert r["control_hq_share"] <= 0.05 and r["auc"]["patient_ability"] >= 0.85, (name, r)
+    table = pq.read_table(out / "eval" / "validity.parquet")
+    assert table.schema.equals(VALIDITY, check_metadata=False)
+    assert table.num_rows == len(RECIPES) * (len(METRICS) + 1)
+    rows = {(r["control"], r["metric"]): r for r in table.to_pylist()}
+    assert rows[("filler", "high_quality")]["control_mean"] == v["recipes"]["filler"]["control_hq_share"]
+    assert rows[("filler", "high_quality")]["real_mean"] == v["real_hq_share"]
 
 
 def test_index_matches_high_quality(run):

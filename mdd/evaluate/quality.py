@@ -1,11 +1,15 @@
-"""Per-exchange quality metrics (doctor question + patient answer), all in [0, 1].
+"""Per-exchange quality metrics (doctor question + patient answer), all in [0, 1]: the seed's formula.
 
-Patient answer: relevance α (question↔answer cosine mapped to [0, 1], lowered for very short
-answers), relevance_rank (rank of the true answer among in-batch distractor answers),
-faithfulness β (LLM judge or a default), robustness γ (leaks and record phrasing);
-patient_ability = mean(α, β, γ).
+Patient answer: relevance α, relevance_rank (rank of the true answer among in-batch distractor
+answers), faithfulness β, robustness γ (leaks and record phrasing);
+patient_ability = mean(α, β, γ) over the parts that are known (β is unknown, NaN, where no record
+and no LLM judge can check it). The stage computes α, β and the rank elsewhere
+(``mdd/evaluate/scoring.py``: the calibrated relevance of ``relevance.py``, the record-based
+faithfulness of ``faithfulness.py``) and passes them in; without them the seed's own α
+(question↔answer cosine mapped to [0, 1]) and β (LLM judge or a constant) are used.
 Doctor question: specificity δ, targetedness ε, professionalism ζ; doctor_quality = mean.
-overall = mean(doctor_quality, patient_ability); high_quality = overall ≥ threshold.
+overall = mean(doctor_quality, patient_ability). ``high_quality`` here is the seed's plain
+``overall ≥ threshold``; the stage's decision adds the gates of ``gates.py``.
 
 Every lexicon and constant comes from ``mdd/knowledge/lexicons.yaml``. The work is done per
 batch with numpy; per-row Python is limited to regex scans.
@@ -172,6 +176,7 @@ def robustness(
 
 
 def relevance(q_emb: np.ndarray, a_emb: np.ndarray, answers: Sequence[str], lexicon: str | None = None) -> np.ndarray:
+    """The seed's α: question–answer cosine mapped to [0, 1], lowered for very short answers."""
     r = _compiled(lexicon).scoring["relevance"]
     cos = np.einsum("ij,ij->i", q_emb.astype(np.float64), a_emb.astype(np.float64))
     alpha = (np.clip(cos, -1.0, 1.0) + 1.0) / 2.0
@@ -179,6 +184,21 @@ def relevance(q_emb: np.ndarray, a_emb: np.ndarray, answers: Sequence[str], lexi
     short = r["short_answer_chars"]
     factor = np.where(lengths < short, np.maximum(r["short_answer_floor"], lengths / short), 1.0)
     return _clip(alpha * factor)
+
+
+def relevance_score(z: np.ndarray, fit: np.ndarray, in_kind: np.ndarray, answers: Sequence[str],
+                    lexicon: str | None = None) -> np.ndarray:
+    """The stage's α from the calibrated signals of ``mdd/evaluate/relevance.py``:
+    sigmoid((z - z_mid) / z_scale) x min(1, fit / fit_full), at least ``in_kind`` for a terse answer
+    in kind, lowered like the seed's α for answers under ``short_answer_chars``."""
+    r = _compiled(lexicon).scoring["relevance"]
+    z = np.asarray(z, dtype=np.float64)
+    base = 1.0 / (1.0 + np.exp(-(z - r["z_mid"]) / r["z_scale"]))
+    base = base * np.clip(np.asarray(fit, dtype=np.float64) / r["fit_full"], 0.0, 1.0)
+    lengths = np.fromiter((len((a or "").strip()) for a in answers), dtype=np.float64, count=len(answers))
+    short = r["short_answer_chars"]
+    factor = np.where(lengths < short, np.maximum(r["short_answer_floor"], lengths / short), 1.0)
+    return _clip(np.where(np.asarray(in_kind, dtype=bool), np.maximum(base, r["in_kind"]), base * factor))
 
 
 def distractor_index(n: int, k: int) -> np.ndarray:
@@ -192,11 +212,15 @@ def distractor_index(n: int, k: int) -> np.ndarray:
 
 def relevance_rank(q_emb: np.ndarray, a_emb: np.ndarray, k: int) -> np.ndarray:
     """1 when the true answer beats all ``k`` in-batch distractors, 0 when it loses to all."""
-    n = len(q_emb)
+    return rank_from_sims(q_emb @ a_emb.T, k)
+
+
+def rank_from_sims(sims: np.ndarray, k: int) -> np.ndarray:
+    """``relevance_rank`` from the batch's similarity matrix (``sims[i, j]`` = question i · answer j)."""
+    n = len(sims)
     idx = distractor_index(n, k)
     if idx.shape[1] == 0:
         return np.ones(n)
-    sims = q_emb @ a_emb.T
     true = np.diag(sims)[:, None]
     d = np.take_along_axis(sims, idx, axis=1)
     rank = (d > true + 1e-7).sum(1) + 0.5 * (np.abs(d - true) <= 1e-7).sum(1)
@@ -267,6 +291,10 @@ def faithfulness(
     return _clip(np.array([default if v is None else v for v in verdicts], dtype=np.float64))
 
 
+_seed_relevance = relevance
+_seed_faithfulness = faithfulness
+
+
 # --- everything together -----------------------------------------------------------------
 
 class QualityScorer:
@@ -298,7 +326,14 @@ class QualityScorer:
         records: Sequence[str] | None = None,
         q_emb: np.ndarray | None = None,
         a_emb: np.ndarray | None = None,
+        relevance: np.ndarray | None = None,
+        faithfulness: np.ndarray | None = None,
+        rank: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
+        """Every metric. ``relevance`` / ``faithfulness`` / ``rank``: computed elsewhere (the stage's
+        calibrated α, the record-based β with NaN where unknown, relevance_rank in the relevance
+        vectors); else the seed's, from the embedder. ``patient_ability`` is the mean of the parts
+        that are known."""
         n = len(questions)
         if len(answers) != n:
             raise ValueError("questions and answers differ in length")
@@ -308,15 +343,23 @@ class QualityScorer:
             out = {m: np.zeros(0) for m in METRICS}
             out["high_quality"] = np.zeros(0, dtype=bool)
             return out
-        if q_emb is None or a_emb is None:
+        if (q_emb is None or a_emb is None) and (relevance is None or rank is None):
             emb = self.embedder.encode(list(questions) + list(answers))
             q_emb, a_emb = emb[:n], emb[n:]
         out: dict[str, np.ndarray] = {}
-        out["relevance"] = relevance(q_emb, a_emb, answers, self.lexicon)
-        out["relevance_rank"] = relevance_rank(q_emb, a_emb, self.distractors)
-        out["faithfulness"] = faithfulness(questions, answers, records, self.judge_engine, self.faithfulness_default)
+        if relevance is None:
+            relevance = _seed_relevance(q_emb, a_emb, answers, self.lexicon)
+        if faithfulness is None:
+            faithfulness = _seed_faithfulness(questions, answers, records, self.judge_engine,
+                                              self.faithfulness_default)
+        out["relevance"] = _clip(relevance)
+        out["relevance_rank"] = rank if rank is not None else relevance_rank(q_emb, a_emb, self.distractors)
+        faith = np.asarray(faithfulness, dtype=np.float64)
+        out["faithfulness"] = np.where(np.isnan(faith), np.nan, np.clip(faith, 0.0, 1.0))
         out["robustness"] = robustness(answers, diagnoses, icd_codes, self.lexicon)
-        out["patient_ability"] = _clip((out["relevance"] + out["faithfulness"] + out["robustness"]) / 3.0)
+        parts = np.vstack([out["relevance"], out["faithfulness"], out["robustness"]])
+        known = ~np.isnan(parts)
+        out["patient_ability"] = _clip(np.where(known, parts, 0.0).sum(0) / known.sum(0))
         out.update(doctor_scores(questions, self.lexicon))
         out["overall"] = _clip((out["doctor_quality"] + out["patient_ability"]) / 2.0)
         out["high_quality"] = out["overall"] >= self.threshold

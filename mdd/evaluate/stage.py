@@ -1,7 +1,7 @@
 """The evaluation stage on Ray Data.
 
-    read_parquet(OUT/synth) ─┬─ map_batches(explode: dialogues → exchanges)
-                             │   → map_batches(_Scorer actors: embeddings + metrics, in-batch distractors)
+    read_parquet(OUT/synth) ─┬─ map_batches(_Scorer actors, batches of whole dialogues: exchanges, embeddings,
+                             │   metrics, gates; mdd/evaluate/scoring.py)
                              │   → OUT/eval/turns/ (TURN_EVAL)  +  FAISS index of high-quality pairs → OUT/index/
                              └─ map_batches(_RuleRunner actors: rule judge) → OUT/eval/rules/ (RULE_RESULT)
     per-dialogue means + counts → OUT/eval/dialogues/ (DIALOGUE_EVAL);  summary → OUT/run.json["evaluate"]
@@ -24,104 +24,41 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdd.schema import DIALOGUE_EVAL, METRICS, RULE_RESULT, TURN_EVAL
+from mdd.evaluate.gates import reason_counts
+from mdd.evaluate.scoring import (  # noqa: F401 (ANSWERERS, exchanges_of: re-exported for readers of the stage)
+    ANSWERERS, DIALOGUE_COLUMNS, corpus_df, exchanges_of, load_records)
+from mdd.evaluate.validity import format_validity
 from mdd.storage import SYNTH, Store, describe_error, dialogue_shards, open_store
 
 log = logging.getLogger("mdd.evaluate")
 
-DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "gender",
-                    "doctor_persona", "companion"]
 SHARD_ROWS = 200_000
 EMB_COLUMN = "__qa_emb"
-RECORD_COLUMN = "__record"
-
-_EXCHANGE_SCHEMA = pa.schema(
-    [
-        pa.field("dialogue_id", pa.string()),
-        pa.field("case_id", pa.string()),
-        pa.field("turn", pa.int32()),
-        pa.field("topic", pa.string()),
-        pa.field("question", pa.string()),
-        pa.field("answer", pa.string()),
-        pa.field("diagnosis", pa.string()),
-        pa.field("icd_code", pa.string()),
-        pa.field("persona", pa.string()),
-    ]
-)
-
-
-# --- dialogues → exchanges ------------------------------------------------------------
-
-ANSWERERS = ("patient", "companion")
-
-
-def exchanges_of(turns: list[dict] | None) -> list[tuple[int, str | None, str, str]]:
-    """(turn index, topic, question, answer) of each doctor turn answered by the patient or by
-    the companion in the room (a companion's interjection after a patient answer is no exchange)."""
-    out = []
-    turns = turns or []
-    for a, b in zip(turns, turns[1:]):
-        if a and b and a.get("speaker") == "doctor" and b.get("speaker") in ANSWERERS:
-            out.append((len(out), a.get("topic") or b.get("topic"), a.get("text") or "", b.get("text") or ""))
-    return out
-
-
-def explode(batch: pa.Table, with_record: bool = False) -> pa.Table:
-    from mdd.evaluate.quality import case_record
-
-    cols: dict[str, list] = {f.name: [] for f in _EXCHANGE_SCHEMA}
-    records: list[str] = []
-    get = {name: (batch.column(name).to_pylist() if name in batch.column_names else [None] * batch.num_rows)
-           for name in DIALOGUE_COLUMNS}
-    for i in range(batch.num_rows):
-        ex = exchanges_of(get["turns"][i])
-        if not ex:
-            continue
-        if with_record:
-            rec = case_record(get["diagnosis"][i], get["treatment"][i], [e[3] for e in ex])
-        for turn, topic, q, a in ex:
-            cols["dialogue_id"].append(get["dialogue_id"][i])
-            cols["case_id"].append(get["case_id"][i])
-            cols["turn"].append(turn)
-            cols["topic"].append(topic)
-            cols["question"].append(q)
-            cols["answer"].append(a)
-            cols["diagnosis"].append(get["diagnosis"][i])
-            cols["icd_code"].append(get["icd_code"][i])
-            cols["persona"].append(get["doctor_persona"][i])
-            if with_record:
-                records.append(rec)
-    table = pa.Table.from_pydict(cols, schema=_EXCHANGE_SCHEMA)
-    if with_record:
-        table = table.append_column(RECORD_COLUMN, pa.array(records, pa.string()))
-    return table
+# whole dialogues per scoring batch: evaluate.batch_size exchanges at about this many per dialogue
+EXCHANGES_PER_DIALOGUE = 20
 
 
 # --- Ray Data callables -------------------------------------------------------------------
 
 class _Scorer:
-    """One per actor: loads the embedder once, scores batches of exchanges."""
+    """One per actor: loads the embedder once, scores batches of whole dialogues
+    (``mdd/evaluate/scoring.py``) and adds the index vectors of the high-quality pairs."""
 
-    def __init__(self, embedder: str, embedder_model: str | None, threshold: float, distractors: int,
-                 faithfulness_default: float, judge_engine: Any | None, lexicon: str | None):
+    def __init__(self, embedder: str, embedder_model: str | None, **kwargs: Any):
         from mdd.evaluate.embedders import make_embedder
-        from mdd.evaluate.quality import QualityScorer
+        from mdd.evaluate.scoring import ExchangeScorer
 
         self.embedder = make_embedder(embedder, embedder_model)
-        self.scorer = QualityScorer(self.embedder, threshold=threshold, distractors=distractors,
-                                    faithfulness_default=faithfulness_default, judge_engine=judge_engine,
-                                    lexicon=lexicon)
+        self.scorer = ExchangeScorer(self.embedder, **kwargs)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from mdd.index import qa_text
 
-        n = batch.num_rows
-        q = batch.column("question").to_pylist()
-        a = batch.column("answer").to_pylist()
-        records = batch.column(RECORD_COLUMN).to_pylist() if RECORD_COLUMN in batch.column_names else None
-        emb = self.embedder.encode(q + a)
-        m = self.scorer.score(q, a, batch.column("diagnosis").to_pylist(), batch.column("icd_code").to_pylist(),
-                              records=records, q_emb=emb[:n], a_emb=emb[n:])
-        hq = np.asarray(m["high_quality"], dtype=bool)
+        out = self.scorer.score(batch)
+        n = out.num_rows
+        q = out.column("question").to_pylist()
+        a = out.column("answer").to_pylist()
+        hq = out.column("high_quality").to_numpy(zero_copy_only=False).astype(bool) if n else np.zeros(0, bool)
         hq_idx = np.flatnonzero(hq)
         dim = int(self.embedder.dim)
         vec = self.embedder.encode([qa_text(q[i], a[i]) for i in hq_idx]) if len(hq_idx) else np.zeros((0, dim), np.float32)
@@ -129,10 +66,6 @@ class _Scorer:
         offsets[1:] = np.cumsum(hq.astype(np.int32) * dim)
         emb_col = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(vec.reshape(-1), pa.float32()),
                                            mask=pa.array(~hq))
-        out = batch.drop_columns([c for c in (RECORD_COLUMN,) if c in batch.column_names])
-        for name in METRICS:
-            out = out.append_column(name, pa.array(np.asarray(m[name], dtype=np.float64), pa.float64()))
-        out = out.append_column("high_quality", pa.array(hq, pa.bool_()))
         return out.append_column(EMB_COLUMN, emb_col)
 
 
@@ -272,14 +205,14 @@ def run_evaluate(cfg: Any, out_dir: str | Path | Store, quiet: bool = False) -> 
 def _run(cfg: Any, out: Store, shards: list[str], dst: Store, t0: float) -> dict:
     """Reads ``out``'s shards, writes every output to ``dst`` (the staging area)."""
     ev = cfg.evaluate
-    use_llm_faith = ev.faithfulness == "llm" or (ev.faithfulness == "auto" and ev.judge == "llm")
+    faith_mode = ev.faithfulness if ev.faithfulness != "auto" else ("llm" if ev.judge == "llm" else "record")
     judge_engine = None
-    if use_llm_faith:
+    if faith_mode == "llm":
         from mdd.engines.base import launch_engine
 
         judge_engine = launch_engine(cfg.engine)
     try:
-        return _evaluate(cfg, out, shards, dst, judge_engine, t0)
+        return _evaluate(cfg, out, shards, dst, judge_engine, faith_mode, t0)
     finally:
         if judge_engine is not None:
             try:
@@ -288,7 +221,8 @@ def _run(cfg: Any, out: Store, shards: list[str], dst: Store, t0: float) -> dict
                 pass
 
 
-def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine: Any, t0: float) -> dict:
+def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine: Any, faith_mode: str,
+              t0: float) -> dict:
     import ray
 
     from mdd.evaluate.embedders import is_gpu_embedder
@@ -299,6 +233,18 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
     files = [out.path(f"{SYNTH}/{name}") for name in shards]
     present = set(out.read_metadata(f"{SYNTH}/{shards[0]}").schema.to_arrow_schema().names)
     keep = [c for c in DIALOGUE_COLUMNS if c in present]
+    scorer_kwargs = {
+        "threshold": ev.threshold,
+        "distractors": ev.distractors,
+        "faithfulness": faith_mode,
+        "faithfulness_default": ev.faithfulness_default,
+        "judge_engine": judge_engine,
+        "lexicon": ev.lexicon,
+        "idf": corpus_df(out, ev.idf_sample_dialogues, [f"{SYNTH}/{name}" for name in shards]),
+        "records": load_records(out),
+        "relevance_spaces": ev.relevance_spaces,
+    }
+    per_batch = max(2, ev.batch_size // EXCHANGES_PER_DIALOGUE)
     dialogues = ray.data.read_parquet(files, filesystem=out.fs).select_columns(keep).materialize()
     n_dialogues = dialogues.count()
 
@@ -318,19 +264,9 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
     # one core stays free for the driver (collecting results, FAISS) and Ray Data's own tasks
     concurrency = ev.concurrency or (n_gpu if gpu else max(1, n_cpu - 1))
     scored = dialogues.map_batches(
-        explode, fn_kwargs={"with_record": judge_engine is not None}, batch_format="pyarrow", batch_size=None,
-    ).map_batches(
         _Scorer,
-        fn_constructor_kwargs={
-            "embedder": ev.embedder,
-            "embedder_model": ev.embedder_model,
-            "threshold": ev.threshold,
-            "distractors": ev.distractors,
-            "faithfulness_default": ev.faithfulness_default,
-            "judge_engine": judge_engine,
-            "lexicon": ev.lexicon,
-        },
-        batch_size=ev.batch_size,
+        fn_constructor_kwargs={"embedder": ev.embedder, "embedder_model": ev.embedder_model, **scorer_kwargs},
+        batch_size=per_batch,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=concurrency),
         num_gpus=1 if gpu else None,
@@ -360,13 +296,25 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
     dial = _dialogue_eval(turns, rules, case_of)
     _write(dial, dst, "eval/dialogues")
 
-    # FAISS index of the high-quality pairs, with the stage's own embeddings
-    embedder_obj = None
-    if vectors is None:
-        from mdd.evaluate.embedders import make_embedder
+    # the validity self-check: negative controls from a sample of the run, scored by the same pipeline
+    from mdd.evaluate.embedders import make_embedder
+    from mdd.evaluate.scoring import ExchangeScorer
+    from mdd.evaluate.validity import sample_ids, self_check
 
-        embedder_obj = make_embedder(ev.embedder, ev.embedder_model)
-    meta = build_index(dst, hq, vectors=vectors, embedder=embedder_obj,
+    embedder_obj = make_embedder(ev.embedder, ev.embedder_model)
+    vc = ev.validity
+    blocks = ray.get(dialogues.to_arrow_refs())
+    ids = pa.array(sample_ids([d for b in blocks for d in b.column("dialogue_id").to_pylist()], vc.sample_dialogues))
+    sample = pa.concat_tables([b.filter(pc.is_in(b.column("dialogue_id"), value_set=ids)) for b in blocks])
+    del blocks
+    validity, validity_rows = self_check(ExchangeScorer(embedder_obj, **scorer_kwargs), sample, per_batch,
+                                         vc.min_auc, vc.max_control_hq_share, seed=vc.seed, lexicon=ev.lexicon)
+    dst.write_table(validity_rows, "eval/validity.parquet")
+    if validity.get("separated") is False:
+        log.warning("VALIDITY: evaluate.validity.separated = false in run.json; see eval/validity.parquet")
+
+    # FAISS index of the high-quality pairs, with the stage's own embeddings
+    meta = build_index(dst, hq, vectors=vectors, embedder=None if vectors is not None else embedder_obj,
                        embedder_name=ev.embedder, embedder_model=ev.embedder_model)
 
     wall = time.perf_counter() - t0
@@ -397,14 +345,17 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
         "high_quality": n_hq,
         "high_quality_share": (n_hq / n_ex) if n_ex else 0.0,
         "threshold": ev.threshold,
-        "metric_means": {m: (float(pc.mean(turns.column(m)).as_py()) if n_ex else 0.0) for m in METRICS},
+        "metric_means": {m: _mean(turns.column(m)) for m in METRICS},
         "rules": per_rule,
         "rule_rows": int(rules.num_rows),
         "skipped": {"dialogues_without_exchanges": int(n_dialogues - dial.num_rows)},
         "index": {"size": meta["size"], "dim": meta["dim"]},
         "embedder": ev.embedder if not ev.embedder_model else f"{ev.embedder}:{ev.embedder_model}",
         "judge": ev.judge,
-        "faithfulness": "llm" if judge_engine is not None else f"default={ev.faithfulness_default}",
+        "faithfulness": faith_mode if faith_mode != "default" else f"default={ev.faithfulness_default}",
+        "faithfulness_known": int(n_ex - turns.column("faithfulness").null_count),
+        "hq_reasons": reason_counts(turns.column("hq_reason").to_pylist()),
+        "validity": validity,
         "wall_s": round(wall, 3),
         "metrics_s": round(t_metrics - t0, 3),
         "dialogues_per_s": round(n_dialogues / wall, 3) if wall > 0 else 0.0,
@@ -415,18 +366,28 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
     return summary
 
 
+def _mean(col: pa.ChunkedArray) -> float | None:
+    """Mean over the known values (None when there is none, e.g. faithfulness of imported dialogues)."""
+    v = pc.mean(col).as_py()
+    return float(v) if v is not None else None
+
+
 def format_summary(s: dict) -> str:
     lines = [
         f"evaluate: {s['dialogues']} dialogues, {s['exchanges']} exchanges in {s['wall_s']:.1f} s "
         f"({s['dialogues_per_s']:.1f} dialogues/s, {s['exchanges_per_s']:.0f} exchanges/s); "
         f"embedder {s['embedder']}, judge {s['judge']}, faithfulness {s['faithfulness']}",
-        f"high quality (overall >= {s['threshold']}): {s['high_quality']} / {s['exchanges']} "
-        f"= {100 * s['high_quality_share']:.1f}%   index: {s['index']['size']} pairs, {s['index']['dim']}-d",
+        f"high quality (every gate passed, then overall >= {s['threshold']}): {s['high_quality']} / "
+        f"{s['exchanges']} = {100 * s['high_quality_share']:.1f}%   index: {s['index']['size']} pairs, "
+        f"{s['index']['dim']}-d",
+        "first failed gate (hq_reason): " + ", ".join(f"{k} {v}" for k, v in s["hq_reasons"].items() if v),
         "",
         f"{'metric':<18}{'mean':>8}",
         "-" * 26,
     ]
-    lines += [f"{m:<18}{v:>8.3f}" for m, v in s["metric_means"].items()]
+    lines += [f"{m:<18}{v:>8.3f}" if v is not None else f"{m:<18}{'unknown':>8}"
+              for m, v in s["metric_means"].items()]
+    lines += [""] + format_validity(s.get("validity") or {})
     if s["rules"]:
         lines += ["", f"{'rule':<48}{'triggered':>10}{'passed':>8}{'failed':>8}{'skipped':>9}", "-" * 83]
         for name, d in sorted(s["rules"].items()):

@@ -65,14 +65,16 @@ def test_gates_apply_in_order():
 def test_terse_answers_in_kind_are_informative():
     rows = [
         {"q": POLAR_Q, "a": "没有。", "z": 0.0, "fit": 0.0},  # a denial to a simple yes/no question
-        {"q": POLAR_Q, "a": "有过。", "z": 0.0, "fit": 0.0},
+        {"q": POLAR_Q, "a": "从来没有。", "z": 0.0, "fit": 0.0},
+        {"q": POLAR_Q, "a": "嗯，对。", "z": 0.0, "fit": 0.0},  # a bare affirmation leaves what it affirms untold
+        {"q": POLAR_Q, "a": "有过，上个月划过手腕。", "z": 0.0, "fit": 0.0},  # an affirmation with content: relevance decides
         {"q": "这种情况持续多久了？", "a": "两个多月。", "z": 0.0, "fit": 0.0},  # a duration, in kind
         {"q": POLAR_Q, "a": "嗯。", "z": 0.0},  # a filler stays a filler
         {"q": POLAR_Q, "a": "不知道。", "z": 0.0},  # so does a non-committal answer
         {"q": OPEN_Q, "a": "没有。", "z": 0.0},  # not an answer in kind to an open question
         {"q": POLAR_Q, "a": "没有，" + GOOD_A, "z": 0.0},  # long answers are judged by their relevance
     ]
-    assert run(rows) == [OK, OK, OK, "filler", "filler", "filler", "off_question"]
+    assert run(rows) == [OK, OK, "filler", "off_question", OK, "filler", "filler", "filler", "off_question"]
 
 
 def test_denials_of_family_history_are_no_leak():

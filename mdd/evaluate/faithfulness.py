@@ -29,12 +29,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from mdd.evaluate.quality import _alternation
+
 _CLAUSE = re.compile(r"[。；;，,！？!?\n]")
-
-
-def _alternation(terms: Sequence[str]) -> re.Pattern:
-    terms = sorted({str(t) for t in terms if str(t)}, key=len, reverse=True)
-    return re.compile("|".join(re.escape(t) for t in terms)) if terms else re.compile(r"(?!x)x")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ one an exchange fails (or ``ok``); every word list and limit is in the ``gates``
 =================  ===========================================================================
 ``filler``         the answer carries no information: after interjections and non-committal
                    phrases are taken out, fewer than ``min_content_chars`` characters are left,
-                   and it is not a terse answer in kind (a polar word to a simple yes/no
-                   question, a time or count to a duration/frequency question)
+                   and it is not a terse answer in kind (a denial to a simple yes/no question,
+                   a time or count to a duration/frequency question)
 ``echo``           the answer only repeats the question
 ``leak``           the case's own diagnosis or ICD code, any ICD-10-like code, or a diagnostic
                    statement ("医生说我是…症") in the answer
@@ -27,9 +27,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from mdd.evaluate.quality import _alternation
 
 GATES = ("filler", "echo", "leak", "record_copy", "off_question", "contradiction", "below_threshold")
 OK = "ok"
@@ -40,18 +42,13 @@ _LABEL_SPLIT = re.compile(r"[,，、;；/\s]+")
 _BRACKETS = re.compile(r"[［\[（(【][^］\]）)】]*[］\]）)】]")
 
 
-def _alternation(terms: Sequence[str]) -> re.Pattern:
-    terms = sorted({str(t) for t in terms if str(t)}, key=len, reverse=True)
-    return re.compile("|".join(re.escape(t) for t in terms)) if terms else re.compile(r"(?!x)x")
-
-
 @dataclass(frozen=True)
 class GateSpec:
     interjections: re.Pattern
     noncommittal: re.Pattern
     min_content_chars: int
     terse_max_chars: int
-    polar_start: re.Pattern
+    denial_start: re.Pattern
     polar_question: re.Pattern
     open_question: re.Pattern
     duration_question: re.Pattern
@@ -82,13 +79,13 @@ def gate_spec(path: str | None = None) -> GateSpec:
         raise ValueError(f"{where}: missing section gates")
     try:
         info, leak, copy, rel = g["information"], g["leak"], g["record_copy"], g["relevance"]
-        polar = sorted(info["polar_words"], key=len, reverse=True)
+        denials = sorted(info["denial_words"], key=len, reverse=True)
         return GateSpec(
             interjections=_alternation(info["interjections"]),
             noncommittal=_alternation(info["noncommittal"]),
             min_content_chars=int(info["min_content_chars"]),
             terse_max_chars=int(info["terse_max_chars"]),
-            polar_start=re.compile("^(?:" + "|".join(re.escape(p) for p in polar) + ")"),
+            denial_start=re.compile("^(?:" + "|".join(re.escape(p) for p in denials) + ")"),
             polar_question=_alternation(info["polar_question"]),
             open_question=_alternation(info["open_question"]),
             duration_question=_alternation(info["duration_question"]),
@@ -131,7 +128,8 @@ def question_kind(question: str, spec: GateSpec) -> str:
 
 
 def answered_in_kind(question: str, answer: str, spec: GateSpec) -> bool:
-    """A terse answer of the kind the question asks for ("没有。" to a simple yes/no question)."""
+    """A terse answer of the kind the question asks for: a denial to a simple yes/no question
+    ("没有。"), a time or count to a duration question ("两个多月。")."""
     bare = _PUNCT.sub("", answer or "")
     if len(bare) > spec.terse_max_chars or spec.noncommittal.search(bare):
         return False
@@ -140,7 +138,7 @@ def answered_in_kind(question: str, answer: str, spec: GateSpec) -> bool:
     if not core:
         return False
     if kind == "polar":
-        return spec.polar_start.search(core) is not None
+        return spec.denial_start.search(core) is not None
     if kind == "duration":
         return spec.time_answer.search(core) is not None
     return False

@@ -187,13 +187,14 @@ def small_multiples(series: Mapping[str, Sequence[float]], *, title: str = "", n
         if k >= len(names):
             ax.axis("off")
             continue
-        vals = np.asarray(series[names[k]], float)
+        vals = np.asarray([np.nan if v is None else v for v in series[names[k]]], float)
+        vals = vals[np.isfinite(vals)]  # null: unknown (e.g. faithfulness without a case record)
         ax.hist(vals, bins=bins, color=OURS, alpha=0.8)
         if len(vals):
             ax.axvline(vals.mean(), color="black", linewidth=1)
         if marks and names[k] in marks:
             ax.axvline(marks[names[k]], color=REF, linestyle="--", linewidth=1.5)
-        ax.set_title(f"{names[k]} (mean {vals.mean():.2f})" if len(vals) else names[k], fontsize=8)
+        ax.set_title(f"{names[k]} (mean {vals.mean():.2f})" if len(vals) else f"{names[k]} (unknown)", fontsize=8)
         ax.tick_params(labelsize=7)
     if title:
         fig.suptitle(title, fontsize=11)

@@ -27,6 +27,7 @@ def test_negation_aware_stances():
     assert stances("否认兴奋话多、花钱多", lex) == {"mania": -1}
     assert stances("没有兴奋话多、幻听及被害感。", lex) == {"mania": -1, "hallucination": -1, "persecution": -1}
     assert stances("我一直失眠，心情低落。", lex) == {"insomnia": 1, "low_mood": 1}
+    assert stances("没有特别兴奋、话特别多、花钱多。", lex) == {"mania": -1}  # a negated list of lay items
     assert stances("我不知道为什么总是失眠。", lex) == {"insomnia": 1}  # a negation far before is no negation
     assert stances("近2月来无明显诱因出现情绪低落", lex) == {"low_mood": 1}
     assert stances("", lex) == {}

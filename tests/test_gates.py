@@ -72,9 +72,10 @@ def test_terse_answers_in_kind_are_informative():
         {"q": POLAR_Q, "a": "嗯。", "z": 0.0},  # a filler stays a filler
         {"q": POLAR_Q, "a": "不知道。", "z": 0.0},  # so does a non-committal answer
         {"q": OPEN_Q, "a": "没有。", "z": 0.0},  # not an answer in kind to an open question
+        {"q": "睡眠方面最近怎么样？比如是否入睡困难、早醒？", "a": "没有……", "z": 0.0},  # a screening part: in kind
         {"q": POLAR_Q, "a": "没有，" + GOOD_A, "z": 0.0},  # long answers are judged by their relevance
     ]
-    assert run(rows) == [OK, OK, "filler", "off_question", OK, "filler", "filler", "filler", "off_question"]
+    assert run(rows) == [OK, OK, "filler", "off_question", OK, "filler", "filler", "filler", OK, "off_question"]
 
 
 def test_denials_of_family_history_are_no_leak():

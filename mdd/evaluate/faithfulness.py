@@ -41,6 +41,7 @@ class FaithLexicon:
     clause_negation: re.Pattern
     negation: re.Pattern
     window: int
+    list_item_chars: int
     unsupported_penalty: float
     max_unsupported_penalty: float
 
@@ -59,6 +60,7 @@ def faith_lexicon(path: str | None = None) -> FaithLexicon:
         clause_negation=_alternation(f.get("clause_negation") or []),
         negation=_alternation(f.get("negation") or []),
         window=int(f.get("negation_window", 4)),
+        list_item_chars=int(f.get("list_item_chars", 10)),
         unsupported_penalty=float(f.get("unsupported_penalty", 0.25)),
         max_unsupported_penalty=float(f.get("max_unsupported_penalty", 0.5)),
     )
@@ -67,10 +69,14 @@ def faith_lexicon(path: str | None = None) -> FaithLexicon:
 _JOINERS = re.compile(r"[、及和或与跟也还]")
 
 
-def _gap(between: str, lex: FaithLexicon) -> int:
-    """Characters between a negation cue and a mention, not counting the other mentions and list
-    joiners of the same list ("没有兴奋话多、幻听及被害感" negates all three)."""
-    return len(_JOINERS.sub("", lex.any_concept.sub("", between)))
+def _negates(between: str, lex: FaithLexicon) -> bool:
+    """Does a negation cue reach a mention with ``between`` in between? Yes when it is near, other
+    mentions and list joiners not counted ("没有兴奋话多、幻听及被害感"), or when it heads a list of
+    short items ("没有特别兴奋、话特别多、花钱多")."""
+    if len(_JOINERS.sub("", lex.any_concept.sub("", between))) <= lex.window:
+        return True
+    items = _JOINERS.split(between)
+    return len(items) > 1 and all(len(x) <= lex.list_item_chars for x in items)
 
 
 def stances(text: str, lex: FaithLexicon) -> dict[str, int]:
@@ -83,7 +89,7 @@ def stances(text: str, lex: FaithLexicon) -> dict[str, int]:
             for m in pat.finditer(clause):
                 before = clause[: m.start()]
                 negated = lex.clause_negation.search(before) is not None or any(
-                    _gap(clause[n.end(): m.start()], lex) <= lex.window for n in lex.negation.finditer(before)
+                    _negates(clause[n.end(): m.start()], lex) for n in lex.negation.finditer(before)
                 )
                 sign = -1 if negated else 1
                 if out.get(name) != 1:

@@ -8,7 +8,7 @@ one an exchange fails (or ``ok``); every word list and limit is in the ``gates``
 =================  ===========================================================================
 ``filler``         the answer carries no information: after interjections and non-committal
                    phrases are taken out, fewer than ``min_content_chars`` characters are left,
-                   and it is not a terse answer in kind (a denial to a simple yes/no question,
+                   and it is not a terse answer in kind (a denial to a yes/no question,
                    a time or count to a duration/frequency question)
 ``echo``           the answer only repeats the question
 ``leak``           the case's own diagnosis or ICD code, any ICD-10-like code, or a diagnostic
@@ -36,7 +36,6 @@ from mdd.evaluate.quality import _alternation
 GATES = ("filler", "echo", "leak", "record_copy", "off_question", "contradiction", "below_threshold")
 OK = "ok"
 _PUNCT = re.compile(r"[\s\W_]+", re.UNICODE)
-_QUESTION_END = re.compile(r"[？?]")
 _CLAUSE_ENDS = "，,。；;！!？?\n"
 _LABEL_SPLIT = re.compile(r"[,，、;；/\s]+")
 _BRACKETS = re.compile(r"[［\[（(【][^］\]）)】]*[］\]）)】]")
@@ -50,7 +49,6 @@ class GateSpec:
     terse_max_chars: int
     denial_start: re.Pattern
     polar_question: re.Pattern
-    open_question: re.Pattern
     duration_question: re.Pattern
     time_answer: re.Pattern
     echo_min_new_share: float
@@ -87,7 +85,6 @@ def gate_spec(path: str | None = None) -> GateSpec:
             terse_max_chars=int(info["terse_max_chars"]),
             denial_start=re.compile("^(?:" + "|".join(re.escape(p) for p in denials) + ")"),
             polar_question=_alternation(info["polar_question"]),
-            open_question=_alternation(info["open_question"]),
             duration_question=_alternation(info["duration_question"]),
             time_answer=re.compile(info["time_answer"]),
             echo_min_new_share=float(g["echo"]["min_new_share"]),
@@ -118,17 +115,17 @@ def content(answer: str, spec: GateSpec) -> str:
 
 
 def question_kind(question: str, spec: GateSpec) -> str:
-    """``duration`` | ``polar`` (a simple yes/no question) | ``open``."""
+    """``duration`` | ``polar`` (it asks yes or no somewhere) | ``open``."""
     q = question or ""
     if spec.duration_question.search(q):
         return "duration"
-    if len(_QUESTION_END.findall(q)) <= 1 and spec.polar_question.search(q) and not spec.open_question.search(q):
+    if spec.polar_question.search(q):
         return "polar"
     return "open"
 
 
 def answered_in_kind(question: str, answer: str, spec: GateSpec) -> bool:
-    """A terse answer of the kind the question asks for: a denial to a simple yes/no question
+    """A terse answer of the kind the question asks for: a denial to a yes/no question
     ("没有。"), a time or count to a duration question ("两个多月。")."""
     bare = _PUNCT.sub("", answer or "")
     if len(bare) > spec.terse_max_chars or spec.noncommittal.search(bare):

@@ -185,13 +185,19 @@ def leaks(answer: str, terms: Sequence[str], spec: GateSpec) -> bool:
     return False
 
 
+@lru_cache(maxsize=64)
+def _record_runs(record: str, n: int) -> frozenset[str]:
+    """The record's character n-grams (punctuation out), once per record."""
+    r = _PUNCT.sub("", record)
+    return frozenset(r[i:i + n] for i in range(len(r) - n + 1))
+
+
 def copied_share(answer: str, record: str, min_run: int) -> float:
     """Share of the answer's characters inside verbatim runs of >= ``min_run`` shared with ``record``."""
     a = _PUNCT.sub("", answer or "")
-    r = _PUNCT.sub("", record or "")
-    if len(a) < min_run or len(r) < min_run:
+    grams = _record_runs(record or "", min_run)
+    if len(a) < min_run or not grams:
         return 0.0
-    grams = {r[i:i + min_run] for i in range(len(r) - min_run + 1)}
     covered = np.zeros(len(a), dtype=bool)
     for i in range(len(a) - min_run + 1):
         if a[i:i + min_run] in grams:

@@ -65,14 +65,13 @@ def explode(batch: pa.Table) -> tuple[pa.Table, dict[str, list]]:
     get = {name: (batch.column(name).to_pylist() if name in batch.column_names else [None] * batch.num_rows)
            for name in DIALOGUE_COLUMNS}
     for i in range(batch.num_rows):
-        pairs = _pairs(get["turns"][i])
-        for (turn, topic, q, a), (_, answer_turn) in zip(exchanges_of(get["turns"][i]), pairs):
+        for turn, (ask, answer_turn) in enumerate(_pairs(get["turns"][i])):
             cols["dialogue_id"].append(get["dialogue_id"][i])
             cols["case_id"].append(get["case_id"][i])
             cols["turn"].append(turn)
-            cols["topic"].append(topic)
-            cols["question"].append(q)
-            cols["answer"].append(a)
+            cols["topic"].append(ask.get("topic") or answer_turn.get("topic"))
+            cols["question"].append(ask.get("text") or "")
+            cols["answer"].append(answer_turn.get("text") or "")
             cols["diagnosis"].append(get["diagnosis"][i])
             cols["icd_code"].append(get["icd_code"][i])
             cols["persona"].append(get["doctor_persona"][i])
@@ -112,6 +111,7 @@ class ExchangeScorer:
         self.judge_engine = judge_engine
         self.lexicon = lexicon
         self.records = dict(records or {})
+        self._record_texts: dict[str | None, str | None] = {}
         self.distractors = int(distractors)
         self.lexical = LexicalSpace(*idf) if idf is not None else LexicalSpace()
         if relevance_spaces not in ("lexical", "embedder", "lexical+embedder"):
@@ -126,10 +126,13 @@ class ExchangeScorer:
     # --- parts ---------------------------------------------------------------------------
 
     def record_text(self, case_id: str | None) -> str | None:
+        """The whole record of a case as one text (None when unknown), joined once per case."""
         from mdd.evaluate.faithfulness import record_text
 
-        fields = self.records.get(case_id) if case_id is not None else None
-        return record_text(fields) if fields else None
+        if case_id not in self._record_texts:
+            fields = self.records.get(case_id) if case_id is not None else None
+            self._record_texts[case_id] = record_text(fields) if fields else None
+        return self._record_texts[case_id]
 
     def _faithfulness(self, q: Sequence[str], a: Sequence[str], case_ids: Sequence[str | None],
                       side: dict[str, list], diagnoses: Sequence[str | None]) -> np.ndarray:

@@ -83,3 +83,29 @@ def test_broken_lexicon_section(tmp_path):
     path.write_text("doctor: {}\npatient: {}\nscoring: {}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="faithfulness"):
         faith_lexicon(str(path))
+
+
+def test_the_llm_judge_and_the_seed_constant_stay_available(tmp_path):
+    from _evaldata import synthesize_scripted
+    from mdd.engines.base import Completion
+    from mdd.evaluate.embedders import make_embedder
+    from mdd.evaluate.scoring import ExchangeScorer, load_records
+
+    class Judge:
+        calls = 0
+
+        async def generate(self, request):
+            Judge.calls += 1
+            assert request.op == "Faithfulness" and "现病史" not in request.messages[0].content
+            return Completion(text="否", prompt_tokens=1, output_tokens=1)
+
+    table = synthesize_scripted(tmp_path, n_cases=2, variants=1)
+    llm = ExchangeScorer(make_embedder("hashing"), faithfulness="llm", judge_engine=Judge(),
+                         records=load_records(tmp_path)).score(table)
+    assert Judge.calls == llm.num_rows and set(llm.column("faithfulness").to_pylist()) == {0.0}
+    assert set(llm.column("hq_reason").to_pylist()) <= {"filler", "echo", "leak", "record_copy", "off_question",
+                                                       "contradiction"}  # the judge said no to every answer
+    seed = ExchangeScorer(make_embedder("hashing"), faithfulness="default").score(table)
+    assert set(seed.column("faithfulness").to_pylist()) == {0.75}
+    with pytest.raises(ValueError, match="judge engine"):
+        ExchangeScorer(make_embedder("hashing"), faithfulness="llm")

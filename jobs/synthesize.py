@@ -12,8 +12,15 @@ from mdd.cases import CaseFileError
 from mdd.config import ConfigError, load_config
 
 
+EXIT_CODES = """exit codes: 0 done (also with rejects or failed dialogues, unless --strict); 1 every dialogue that ran
+failed; 2 nothing done: a bad config, flag or --out, no usable case, an engine that cannot start, or a resume
+refused; 3 --strict and the run was partial (reject rows or failed dialogues); 130 interrupted (Ctrl-C): the
+finished dialogues are kept, rerun the same command to finish"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mdd synthesize", description="Synthesize diagnostic dialogues from patient cases.")
+    p = argparse.ArgumentParser(prog="mdd synthesize", description="Synthesize diagnostic dialogues from patient cases.",
+                                epilog=EXIT_CODES)
     p.add_argument("--config", default="configs/local.yaml", help="YAML run configuration")
     p.add_argument("--cases", help="cases file or folder (JSON array, JSONL or Parquet); overrides synth.cases")
     p.add_argument("--out", help="output folder; overrides synth.out")
@@ -21,8 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="only the first N valid cases")
     p.add_argument("--in-flight", type=int, dest="in_flight", help="dialogues in flight; overrides synth.in_flight")
     p.add_argument("--seed", type=int, help="run seed; overrides synth.seed")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_flags(p)
     return p
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared with ``jobs.run``."""
+    from mdd.provenance import RESUME_POLICIES
+
+    p.add_argument("--resume", choices=RESUME_POLICIES, default="if-possible",
+                   help="dialogues already in --out: add to them only if made with the same settings (if-possible, "
+                        "the default), whatever made them (always), or refuse any (never)")
+    p.add_argument("--strict", action="store_true", help="exit 3 when the run is partial (reject rows or failed dialogues)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,24 +57,38 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from mdd.driver import run_synthesis
+    from mdd.driver import RunRefused, run_synthesis
+    from mdd.provenance import ProvenanceMismatch
     from mdd.storage import StorageError
 
     try:
-        summary = run_synthesis(cfg, progress=not args.no_progress)
+        summary = run_synthesis(cfg, progress=not args.no_progress, resume=args.resume)
     except CaseFileError as exc:
         print(f"error: cannot read cases: {exc}", file=sys.stderr)
         return 2
-    except StorageError as exc:
+    except (RunRefused, ProvenanceMismatch, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to finish", file=sys.stderr)
+        return 130
     c = summary["counts"]
+    if summary["interrupted"]:
+        print(f"interrupted: {c['dialogues_in_output']} dialogues in {cfg.synth.out}/synth/ ({c['dialogues_run']} "
+              f"written by this run); rerun the same command to finish", file=sys.stderr)
+        return 130
     print(
         f"synthesized {c['dialogues_run']} dialogues ({c['dialogues_already_written']} already there, "
         f"{c['dialogues_failed']} failed) from {c['cases_valid']} cases; {c['cases_rejected']} cases rejected "
         f"-> {cfg.synth.out}/synth/ in {summary['wall_time_s']:.1f} s"
     )
-    return 1 if c["dialogues_failed"] and not c["dialogues_run"] else 0
+    if c["dialogues_failed"] and not c["dialogues_run"]:
+        return 1
+    if args.strict and (c["reject_rows"] or c["dialogues_failed"]):
+        print(f"strict: partial run ({c['reject_rows']} reject rows, {c['dialogues_failed']} failed dialogues)",
+              file=sys.stderr)
+        return 3
+    return 0
 
 
 if __name__ == "__main__":

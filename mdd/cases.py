@@ -33,7 +33,8 @@ _GENDERS = {"男": "男", "女": "女", "男性": "男", "女性": "女"}
 
 
 class CaseFileError(ValueError):
-    """The file cannot be read as cases at all (the run stops with a non-zero exit)."""
+    """The path holds no case file at all (the run stops with exit code 2); within ``read_records``,
+    a file that cannot be read (a file-level reject)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class Reject:
     case_id: str | None
     field: str
     reason: str
+    line: int | None = None  # the line of a JSONL file
 
     def as_row(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,7 @@ class Reject:
             "case_id": self.case_id,
             "field": self.field,
             "reason": self.reason,
+            "line": self.line,
         }
 
 
@@ -141,60 +144,83 @@ def age_band(age: int) -> str:
 CASE_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 
-def read_records(path: str | Path) -> list[tuple[str, int, Any]]:
-    """Raw records as (source file, position in that file, record).
+Record = tuple[str, int, Any, "int | None"]  # (source file, position in the file, record, JSONL line number)
 
-    ``path`` is a file (JSON array, JSON object, JSONL, Parquet) or a folder of them.
+
+def read_records(path: str | Path) -> tuple[list[Record], list[Reject]]:
+    """Raw records, and the file- and line-level problems met while reading them.
+
+    ``path`` is a file (JSON array, JSON object, JSONL, Parquet) or a folder of them. A JSONL
+    line that is not JSON is a line-level reject (the other lines go on); a file that cannot be
+    read at all is a file-level reject (position -1; the folder's other files go on). Only a
+    path that is neither a file nor a folder of case files raises :class:`CaseFileError`.
     """
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix.lower() in CASE_SUFFIXES)
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() in CASE_SUFFIXES and f.is_file())
         if not files:
-            raise CaseFileError(f"{p}: no case files (*.json, *.jsonl, *.parquet) in this folder")
+            raise CaseFileError(f"{privacy.mask(str(p))}: no case files (*.json, *.jsonl, *.parquet) in this folder")
     elif p.is_file():
         files = [p]
     else:
-        raise CaseFileError(f"{p}: no such file or folder")
-    out: list[tuple[str, int, Any]] = []
+        raise CaseFileError(f"{privacy.mask(str(p))}: no such file or folder")
+    out: list[Record] = []
+    rejects: list[Reject] = []
     for f in files:
-        out.extend((str(f), i, rec) for i, rec in enumerate(_read_file(f)))
-    return out
+        source = privacy.mask(str(f))
+        try:
+            for position, (rec, line) in enumerate(_read_file(f)):
+                if isinstance(rec, _BadLine):
+                    rejects.append(Reject(source, position, None, "(line)", f"line {line}: {rec.reason}", line))
+                else:
+                    out.append((str(f), position, rec, line))
+        except CaseFileError as exc:
+            rejects.append(Reject(source, -1, None, "(file)", str(exc)))
+    return out, rejects
 
 
-def _read_file(f: Path) -> list[Any]:
+@dataclass(frozen=True, slots=True)
+class _BadLine:
+    reason: str
+
+
+def _read_file(f: Path) -> list[tuple[Any, int | None]]:
+    """(record, JSONL line number or None) pairs; a JSONL line that is not JSON gives a ``_BadLine``."""
     suffix = f.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(f).to_pylist()
+            return [(r, None) for r in pq.read_table(f).to_pylist()]
         except Exception as exc:  # pyarrow raises several types for corrupt files
-            raise CaseFileError(f"{f}: not a readable Parquet file: {exc}") from exc
+            raise CaseFileError(f"not a readable Parquet file ({type(exc).__name__})") from exc
     try:
-        text = f.read_text(encoding="utf-8-sig")
+        text = f.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise CaseFileError(f"{f}: not UTF-8 text: {exc}") from exc
+        raise CaseFileError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise CaseFileError(f"cannot be read ({exc.strerror or type(exc).__name__})") from exc
     if suffix == ".jsonl" or (suffix != ".json" and "\n{" in text):
-        records = []
+        records: list[tuple[Any, int | None]] = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise CaseFileError(f"{f}: line {lineno} is not valid JSON: {exc.msg}") from exc
+                records.append((json.loads(line), lineno))
+            except json.JSONDecodeError as exc:  # the message names the problem, never the text
+                records.append((_BadLine(f"not valid JSON ({exc.msg}, column {exc.colno})"), lineno))
         return records
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CaseFileError(f"{f}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from exc
+        raise CaseFileError(f"not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from exc
     if isinstance(data, dict) and isinstance(data.get("cases"), list):
-        return data["cases"]
-    if isinstance(data, dict):
-        return [data]
-    if isinstance(data, list):
-        return data
-    raise CaseFileError(f"{f}: expected a JSON array of cases, got {type(data).__name__}")
+        data = data["cases"]
+    elif isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise CaseFileError(f"expected a JSON array of cases, got {privacy.describe_value(data)}")
+    return [(r, None) for r in data]
 
 
 # --- validation ---------------------------------------------------------------------
@@ -202,14 +228,15 @@ def _read_file(f: Path) -> list[Any]:
 _describe = privacy.describe_value
 
 
-def validate_record(rec: Any, source: str, position: int,
-                    deid: privacy.Deidentifier | None = None) -> tuple[Case | None, list[Reject]]:
+def validate_record(rec: Any, source: str, position: int, deid: privacy.Deidentifier | None = None,
+                    line: int | None = None) -> tuple[Case | None, list[Reject]]:
     """Validate and de-identify one raw record. Returns the case (or None) and its problems."""
     deid = deid or privacy.default()
     source = privacy.mask(source)
     problems: list[tuple[str, str]] = []
     if not isinstance(rec, dict):
-        return None, [Reject(source, position, None, "(record)", f"expected an object with the case fields, got {_describe(rec)}")]
+        return None, [Reject(source, position, None, "(record)", f"expected an object with the case fields, got {_describe(rec)}",
+                             line)]
 
     masked: list[str] = []
     raw_id = rec.get("患者")
@@ -306,7 +333,7 @@ def validate_record(rec: Any, source: str, position: int,
         sections[name] = clean
 
     if problems:
-        return None, [Reject(source, position, case_id, f, r) for f, r in problems]
+        return None, [Reject(source, position, case_id, f, r, line) for f, r in problems]
     assert age is not None and gender is not None and case_id is not None
     return (
         Case(
@@ -328,22 +355,23 @@ def validate_record(rec: Any, source: str, position: int,
     )
 
 
-def validate_records(records: Iterable[tuple[str, int, Any]],
+def validate_records(records: Iterable[Record],
                      deid: privacy.Deidentifier | None = None) -> tuple[list[Case], list[Reject]]:
     """Validate all records; later duplicates of a case id are rejected."""
     deid = deid or privacy.default()
     cases: list[Case] = []
     rejects: list[Reject] = []
     seen: dict[str, tuple[str, int]] = {}
-    for source, position, rec in records:
-        case, problems = validate_record(rec, source, position, deid)
+    for source, position, rec, line in records:
+        case, problems = validate_record(rec, source, position, deid, line)
         if case is None:
             rejects.extend(problems)
             continue
         if case.case_id in seen:
             first = seen[case.case_id]
             rejects.append(Reject(privacy.mask(source), position, case.case_id, "患者",
-                                  f"duplicate case id: already used at position {first[1]} of {privacy.mask(first[0])}"))
+                                  f"duplicate case id: already used at position {first[1]} of {privacy.mask(first[0])}",
+                                  line))
             continue
         seen[case.case_id] = (source, position)
         cases.append(case)
@@ -351,5 +379,9 @@ def validate_records(records: Iterable[tuple[str, int, Any]],
 
 
 def load_cases(path: str | Path, deid: privacy.Deidentifier | None = None) -> tuple[list[Case], list[Reject]]:
-    """Read, validate and de-identify; ``deid``: the run's (``privacy.for_output``), else ``privacy.default()``."""
-    return validate_records(read_records(path), deid)
+    """Read, validate and de-identify; ``deid``: the run's (``privacy.for_output``), else ``privacy.default()``.
+
+    Unreadable files and JSONL lines come first among the rejects."""
+    records, rejects = read_records(path)
+    cases, problems = validate_records(records, deid)
+    return cases, rejects + problems

@@ -206,11 +206,9 @@ class ConfigError(ValueError):
 
 
 def _describe(err: ValidationError, path: str) -> str:
-    lines = [f"{path}: invalid configuration"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(root)"
-        lines.append(f"  {key}: {e['msg']}")
-    return "\n".join(lines)
+    """One line naming each bad key and what is wrong (pydantic's messages do not quote the value)."""
+    problems = [f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in err.errors()]
+    return f"{path}: invalid configuration: " + "; ".join(problems)
 
 
 def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:
@@ -223,9 +221,15 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
         if not p.is_file():
             raise ConfigError(f"{src}: config file not found")
         try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{src}: not valid YAML: {exc}") from exc
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{src}: cannot be read as UTF-8 text ({type(exc).__name__})") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:  # the position and the problem, not the text around it
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            raise ConfigError(f"{src}: not valid YAML{where}: {getattr(exc, 'problem', None) or type(exc).__name__}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{src}: the top level must be a mapping")
     for dotted, value in (overrides or {}).items():
@@ -235,6 +239,8 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
         *parents, leaf = dotted.split(".")
         for k in parents:
             node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{src}: {dotted}: {k} must be a mapping")
         node[leaf] = value
     try:
         return Config.model_validate(data)

@@ -24,14 +24,15 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from mdd import privacy, schema
+from mdd import privacy, provenance, schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
-from mdd.engines.base import EngineBase, EngineError, add_metrics, launch_engine
+from mdd.engines.base import EngineBase, EngineError, add_metrics, launch_engine, preflight_engine
 from mdd.evaluate.speech import SpeechTally
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 
@@ -150,6 +151,7 @@ class RunStats:
     cached_tokens: int = 0
     exchanges: int = 0
     speech: SpeechTally = field(default_factory=SpeechTally)
+    written: int = 0  # dialogues written to shards by this run
 
     def add(self, res: dict[str, Any]) -> None:
         row = res["row"]
@@ -172,8 +174,19 @@ def shards(items: list[Item], size: int) -> list[list[Item]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run a synthesis as configured. ``engine``: an already launched engine (tests, benchmarks)."""
+class RunRefused(Exception):
+    """An expected problem found before any dialogue runs (no usable case, an engine that cannot
+    start): the job prints it on one line and exits with code 2."""
+
+
+def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bool = True,
+                  resume: str = "if-possible") -> dict[str, Any]:
+    """Run a synthesis as configured. ``engine``: an already launched engine (tests, benchmarks);
+    ``resume``: what to do with dialogues already in the output (``mdd.provenance``).
+
+    Raises :class:`RunRefused`, ``CaseFileError``, ``ProvenanceMismatch`` or ``StorageError`` before
+    any work (no usable case: after writing rejects.parquet and run.json). Ctrl-C (KeyboardInterrupt)
+    during the run stops it after writing the finished dialogues; the summary says ``interrupted``."""
 
     from mdd.raylib import init_ray
 
@@ -182,17 +195,22 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     out = open_store(sc.out)
     out.check_root()
     deid = privacy.for_output(cfg.privacy, out)
-    cases, rejects = load_cases(sc.cases, deid)  # CaseFileError propagates: the file is unusable
+    cases, rejects = load_cases(sc.cases, deid)  # CaseFileError: the path holds no case file
     if sc.limit:
         cases = cases[: sc.limit]
     held, quarantined = dialogue_shards(out, quarantine=True)  # ShardError propagates: a foreign file in synth/
     write_rejects(out, rejects)
     write_cases(out, cases)
     for r in rejects:
-        log.warning("rejected case %s (%s #%d): %s: %s", r.case_id, r.source, r.position, r.field, r.reason)
+        where = f"line {r.line}" if r.line is not None else ("the file" if r.position < 0 else f"#{r.position}")
+        log.warning("rejected case %s (%s %s): %s: %s", r.case_id, r.source, where, r.field, r.reason)
 
     items = plan(cases, sc.variants)
     done = {d for ids in held.values() for d in ids}
+    comp = provenance.components(cfg, engine.name if engine else cfg.engine.name,
+                                 engine.model if engine else cfg.engine.model, deid.key_id)
+    existing = provenance.in_output(out, [f"{SYNTH}/{name}" for name, ids in held.items() if ids])
+    provenance.check_resume(existing, comp, resume, out.uri)  # ProvenanceMismatch: the output was made differently
     todo = [it for it in items if it.dialogue_id not in done]
     work = shards(todo, sc.shard_size)
     log.info("%d cases valid, %d reject rows; %d dialogues planned, %d already written, %d to run",
@@ -200,16 +218,28 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
 
     stats = RunStats()
     failures: list[dict[str, Any]] = []
-    own_engine = engine is None
     engine_metrics: dict[str, float] = {}
+    interrupted = False
     if todo:
+        own_engine = engine is None
+        if own_engine:
+            try:
+                preflight_engine(cfg.engine)
+            except EngineError as exc:
+                raise RunRefused(f"engine {cfg.engine.name}: {exc}") from None
+        out.update_run_json("provenance", provenance.section(existing, comp))
         init_ray(cfg.ray)
         if engine is None:
-            engine = launch_engine(cfg.engine)
+            try:
+                engine = launch_engine(cfg.engine)
+            except EngineError as exc:
+                raise RunRefused(f"engine {cfg.engine.name}: {exc}") from None
         try:
-            worker_metrics = _fan_out(cfg, cases, engine, work, stats, failures, out, progress,
-                                      initial=len(items) - len(todo), total=len(items))
-            engine_metrics = add_metrics(engine.metrics(), *worker_metrics)
+            worker_metrics, interrupted = _fan_out(cfg, cases, engine, work, stats, failures, out, progress,
+                                                   initial=len(items) - len(todo), total=len(items),
+                                                   shard_meta=provenance.shard_metadata(comp))
+            own_counters = {} if interrupted else engine.metrics()  # e.g. vLLM's actors; not asked after Ctrl-C
+            engine_metrics = add_metrics(own_counters, *worker_metrics)
         finally:
             if own_engine:
                 engine.shutdown()
@@ -217,13 +247,14 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         out.write_table(pa.Table.from_pylist(failures, schema=schema.FAILURE), "failures.parquet")
 
     wall = time.time() - t0
-    written = len(done) + stats.dialogues  # every finished dialogue's shard is written by now
+    written = len(done) + stats.written  # dialogues in whole (or, after Ctrl-C, flushed) shards
     masked = {c.case_id: list(c.masked) for c in cases if c.masked}
     rejected_cases = len({(r.source, r.position) for r in rejects})
     summary = {
         "config": privacy.mask_obj(cfg.model_dump(mode="json")),
         "versions": package_versions(),
         "argv": privacy.mask_obj(sys.argv),
+        "interrupted": interrupted,
         "counts": {
             "cases_valid": len(cases),
             "cases_rejected": rejected_cases,
@@ -253,13 +284,19 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
                    "model": cfg.engine.model if engine is None else engine.model, "metrics": engine_metrics},
     }
     out.update_run_json("synthesize", summary)
+    if not cases:
+        first = "; ".join(f"{Path(r.source).name}: {r.field}: {r.reason}" for r in rejects[:2])
+        raise RunRefused(f"no usable case in {privacy.mask(str(sc.cases))}: {len(rejects)} reject rows "
+                         f"({first}{'; ...' if len(rejects) > 2 else ''}); see {out.display('rejects.parquet')}")
     return summary
 
 
 def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[Item]], stats: RunStats,
-             failures: list[dict[str, Any]], out: Store, progress: bool, initial: int,
-             total: int) -> list[dict[str, float]]:
-    """Runs the work on dialogue workers; returns each worker's engine counters."""
+             failures: list[dict[str, Any]], out: Store, progress: bool, initial: int, total: int,
+             shard_meta: dict[str, str]) -> tuple[list[dict[str, float]], bool]:
+    """Runs the work on dialogue workers; returns each worker's engine counters and whether the run
+    was interrupted (Ctrl-C: the finished dialogues of unfinished shards are written as shards of
+    their own, named by their ids, so a rerun still writes every dialogue exactly once)."""
     import ray
     from tqdm import tqdm
 
@@ -313,13 +350,20 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
         remaining[si] -= 1
         bar.update(1)
         if remaining[si] == 0:
-            order = {it.dialogue_id: k for k, it in enumerate(work[si])}
-            rows = sorted(pending_rows.pop(si), key=lambda r: order[r["dialogue_id"]])
-            if rows:
-                ids = [it.dialogue_id for it in work[si]]
-                out.write_table(pa.Table.from_pylist(rows, schema=schema.DIALOGUE), f"{SYNTH}/{shard_name(ids)}")
+            write_shard(si)
+
+    def write_shard(si: int) -> None:
+        """A whole shard is named by its planned ids; an unfinished one (Ctrl-C) by the ids it holds."""
+        order = {it.dialogue_id: k for k, it in enumerate(work[si])}
+        rows = sorted(pending_rows.pop(si), key=lambda r: order[r["dialogue_id"]])
+        if rows:
+            ids = [it.dialogue_id for it in work[si]] if remaining[si] == 0 else [r["dialogue_id"] for r in rows]
+            out.write_table(pa.Table.from_pylist(rows, schema=schema.DIALOGUE), f"{SYNTH}/{shard_name(ids)}",
+                            metadata=shard_meta)
+            stats.written += len(rows)
 
     delayed: list[tuple[float, int, Item]] = []  # (not before, tie-break, item): retries after an engine failure
+    interrupted = False
     try:
         while queue or inflight or delayed:
             now = time.monotonic()
@@ -355,12 +399,18 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                     heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))
                 else:
                     settle(it, None, res["error"])
+    except KeyboardInterrupt:
+        interrupted = True
+        bar.close()
+        log.warning("interrupted: writing the finished dialogues, then stopping")
+        for si in sorted(pending_rows):
+            write_shard(si)
     finally:
         bar.close()
-        collected = _collect_worker_metrics(workers)
+        collected = _collect_worker_metrics(workers, timeout_s=2.0 if interrupted else 10.0)
         for w in workers:
             ray.kill(w)
-    return collected
+    return collected, interrupted
 
 
 def _collect_worker_metrics(workers: list[Any], timeout_s: float = 10.0) -> list[dict[str, float]]:

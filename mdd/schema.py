@@ -80,10 +80,11 @@ CASE = pa.schema(
 REJECT = pa.schema(
     [
         pa.field("source", pa.string(), nullable=False),  # the file
-        pa.field("position", pa.int64(), nullable=False),  # 0-based index of the record in the file
+        pa.field("position", pa.int64(), nullable=False),  # 0-based index of the record in the file; -1: the whole file
         pa.field("case_id", pa.string()),  # null when the record has no usable id
-        pa.field("field", pa.string(), nullable=False),
+        pa.field("field", pa.string(), nullable=False),  # "(file)" / "(line)": the file or JSONL line is unreadable
         pa.field("reason", pa.string(), nullable=False),
+        pa.field("line", pa.int64()),  # 1-based line of a JSONL file; null for other files
     ]
 )
 

@@ -192,8 +192,13 @@ class Store:
 
     # --- tables -------------------------------------------------------------------------
 
-    def write_table(self, table: pa.Table, rel: str, compression: str = "zstd") -> None:
-        """One Parquet file, whole or nothing; the same table gives the same bytes."""
+    def write_table(self, table: pa.Table, rel: str, compression: str = "zstd",
+                    metadata: dict[str, str] | None = None) -> None:
+        """One Parquet file, whole or nothing; the same table gives the same bytes. ``metadata``:
+        key-value pairs added to the file's schema metadata (a synth shard's provenance)."""
+        if metadata:
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                   **{k.encode(): v.encode() for k, v in metadata.items()}})
         buf = pa.BufferOutputStream()
         pq.write_table(table, buf, compression=compression)
         self.write_bytes(rel, buf.getvalue())

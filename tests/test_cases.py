@@ -104,12 +104,48 @@ def test_parquet_and_folder_inputs(tmp_path, pa20):
     assert len(cases) == 1 and not rejects
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2", '"just a string"'])
-def test_unparseable_file_is_a_clear_error(tmp_path, content):
+@pytest.mark.parametrize("content, words", [("{not json", "not valid JSON"), ("[1, 2", "not valid JSON"),
+                                            ('"13812345678"', "expected a JSON array"), (b"\xff\xfe[", "not UTF-8")])
+def test_unparseable_file_is_a_file_level_reject(tmp_path, content, words):
     f = tmp_path / "bad.json"
-    f.write_text(content, encoding="utf-8")
-    with pytest.raises(CaseFileError, match="bad.json"):
-        load_cases(f)
+    f.write_bytes(content if isinstance(content, bytes) else content.encode())
+    cases, rejects = load_cases(f)
+    assert cases == [] and len(rejects) == 1
+    r = rejects[0]
+    assert (r.source, r.position, r.field, r.line) == (str(f), -1, "(file)", None) and words in r.reason
+    assert "13812345678" not in r.reason
+
+
+def test_missing_path_or_empty_folder_is_an_error(tmp_path):
+    with pytest.raises(CaseFileError, match="no such file"):
+        load_cases(tmp_path / "nope.json")
+    with pytest.raises(CaseFileError, match="no case files"):
+        load_cases(tmp_path)
+
+
+def test_broken_jsonl_line_is_a_line_reject_and_the_good_lines_go_on(tmp_path, pa20):
+    good = [dict(pa20, 患者=f"L{i}") for i in range(3)]
+    lines = [json.dumps(good[0], ensure_ascii=False), '{"患者": "L9", "主诉": "电话13812345678', "",
+             json.dumps(good[1], ensure_ascii=False), "[1, 2]", json.dumps(good[2], ensure_ascii=False)]
+    f = tmp_path / "cases.jsonl"
+    f.write_text("\n".join(lines), encoding="utf-8")
+    cases, rejects = load_cases(f)
+    assert [c.case_id for c in cases] == ["L0", "L1", "L2"]
+    assert [(r.position, r.line, r.field) for r in rejects] == [(1, 2, "(line)"), (3, 5, "(record)")]
+    assert "not valid JSON" in rejects[0].reason and "line 2" in rejects[0].reason
+    assert "13812345678" not in rejects[0].reason
+
+
+def test_a_bad_file_in_a_folder_is_a_file_reject_and_the_good_files_go_on(tmp_path, pa20):
+    (tmp_path / "a.json").write_text(json.dumps([dict(pa20, 患者="A1")], ensure_ascii=False), encoding="utf-8")
+    (tmp_path / "b.json").write_text("[{broken", encoding="utf-8")
+    (tmp_path / "c.parquet").write_bytes(b"PAR1 not really parquet")
+    (tmp_path / "d.jsonl").write_text(json.dumps(dict(pa20, 患者="D1"), ensure_ascii=False), encoding="utf-8")
+    cases, rejects = load_cases(tmp_path)
+    assert [c.case_id for c in cases] == ["A1", "D1"]
+    assert [(Path(r.source).name, r.position, r.field) for r in rejects] == [("b.json", -1, "(file)"),
+                                                                             ("c.parquet", -1, "(file)")]
+    assert "Parquet" in rejects[1].reason
 
 
 def test_sample_cases_cover_the_field():

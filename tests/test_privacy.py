@@ -4,8 +4,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,14 +12,7 @@ from mdd import privacy
 from mdd.cases import load_cases, validate_record
 from pii_forms import datum, embedded, leaks
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "mdd5k"
-PA20 = SHARED / "cases" / "pa20.json"
-
-
-@pytest.fixture(scope="module")
-def pa20() -> dict:
-    return json.loads(PA20.read_text(encoding="utf-8"))[0]
+from test_cases import SHARED, pa20  # noqa: F401 (the published case pa20, a fixture)
 
 
 @pytest.mark.parametrize("text, kind", [

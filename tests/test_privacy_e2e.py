@@ -79,10 +79,15 @@ def hostile_cases(draw) -> tuple[list, list[Datum]]:
 def test_no_personal_datum_reaches_any_output_or_the_log(generated):
     cases, data = generated
     data.append(Datum("mobile", "13812345678", "13812345678"))
+    broken = Datum("mobile", "139-8765-4321", "13987654321")  # in a JSONL line that is not JSON
+    data.append(broken)
     with tempfile.TemporaryDirectory() as tmp:
-        src, out = Path(tmp) / "cases.json", Path(tmp) / "out"
-        src.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
-        assert leaks(src.read_text(encoding="utf-8"), data) == data  # control: the scanner finds every datum
+        src, out = Path(tmp) / "cases", Path(tmp) / "out"
+        src.mkdir()
+        (src / "a.json").write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+        (src / "b.jsonl").write_text('{"患者": "' + broken.text + '", "主诉": \n', encoding="utf-8")
+        inputs = "".join(f.read_text(encoding="utf-8") for f in sorted(src.iterdir()))
+        assert leaks(inputs, data) == data  # control: the scanner finds every datum in the input
         env = {**os.environ, "RAY_ADDRESS": ""}
         env.pop("MDD_PRIVACY_KEY", None)
         proc = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(src),
@@ -98,7 +103,8 @@ def test_no_personal_datum_reaches_any_output_or_the_log(generated):
         ids = {privacy.Deidentifier(b"any").case_id(c["患者"])[0] for c in cases[:N_CASES]}  # generated ids may repeat
         assert pq.read_table(out / "synth").num_rows == len(ids)
         assert pq.read_table(out / "eval" / "turns").num_rows > 0
-        assert pq.read_table(out / "rejects.parquet").num_rows >= 4
+        rejects = pq.read_table(out / "rejects.parquet").to_pylist()
+        assert len(rejects) >= 5 and {"(line)"} <= {r["field"] for r in rejects}
         synth = texts[next(k for k in texts if "/synth/" in k)]
         assert "已隐去]" in synth
         run = json.loads((out / "run.json").read_text(encoding="utf-8"))["synthesize"]

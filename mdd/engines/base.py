@@ -134,6 +134,11 @@ class EngineBase:
     def launch(cls, cfg: Any) -> "EngineBase":  # cfg: mdd.config.EngineConfig
         raise NotImplementedError
 
+    @classmethod
+    def preflight(cls, cfg: Any) -> None:
+        """Cheap checks of the settings before anything starts (raises EngineError)."""
+        return None
+
     async def generate(self, request: Request) -> Completion:
         raise NotImplementedError
 
@@ -156,3 +161,8 @@ class EngineBase:
 def launch_engine(cfg: Any) -> EngineBase:
     """Start the engine named by ``cfg.name`` (an ``EngineConfig``)."""
     return engine_class(cfg.name).launch(cfg)
+
+
+def preflight_engine(cfg: Any) -> None:
+    """The named engine's cheap checks (a missing base URL, ...) before Ray or a model starts."""
+    engine_class(cfg.name).preflight(cfg)

@@ -93,15 +93,24 @@ class OpenAIEngine(EngineBase):
         self.__dict__.update(state)
         self._init_local()
 
-    @classmethod
-    def launch(cls, cfg: Any) -> "OpenAIEngine":
-        o = cfg.openai
+    @staticmethod
+    def _base_url(o: Any) -> str:
         base_url = o.base_url or os.environ.get(o.base_url_env, "").strip()
         if not base_url:
             raise EngineError(
                 f"openai engine: no base URL; set the environment variable {o.base_url_env} "
                 f"(e.g. http://127.0.0.1:8000/v1) or engine.openai.base_url in the config"
             )
+        return base_url
+
+    @classmethod
+    def preflight(cls, cfg: Any) -> None:
+        cls._base_url(cfg.openai)
+
+    @classmethod
+    def launch(cls, cfg: Any) -> "OpenAIEngine":
+        o = cfg.openai
+        base_url = cls._base_url(o)
         api_key = os.environ.get(o.api_key_env) or None
         return cls(
             cfg.model,

@@ -1,0 +1,139 @@
+"""Provenance: what made a dialogue, as one fingerprint, and whether a rerun may add to an output.
+
+The fingerprint is a hash of the components that decide a dialogue's content:
+
+- ``engine``, ``model``: the engine and the model that wrote it;
+- ``seed``: the run seed (every dialogue's seed derives from it);
+- ``dialogue``: the ``synth.dialogue`` config section (caps, sampling);
+- ``prompts``: a hash of the prompt module's text (``mdd/dialogue/prompts.py``);
+- ``knowledge``: a hash of every YAML file under ``mdd/knowledge/`` (trees, graphs, personas, ...);
+- ``privacy``: ``privacy.case_ids`` and an id of the id-hash key (never the key): another key gives
+  other case ids.
+
+Settings that change how fast, not what, are left out (in flight, workers, shard size, retries,
+``variants``: more variants of the same config add to an output). The fingerprint and its
+components are written to ``run.json`` (``provenance``) and to every synth shard's Parquet
+metadata (``mdd.fingerprint``, ``mdd.provenance``).
+
+A rerun into an output that already holds dialogues follows ``--resume``:
+
+- ``if-possible`` (the default): resume only when every dialogue there was made with this run's
+  fingerprint; otherwise refuse, naming the components that differ;
+- ``always``: resume whatever made the dialogues there; ``run.json`` lists every fingerprint in the
+  output (``provenance.history``) and each shard keeps its own, so the mix is on record;
+- ``never``: never add to an output that holds dialogues (a fresh ``--out`` for every run).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+RESUME_POLICIES = ("if-possible", "always", "never")
+FINGERPRINT_KEY = "mdd.fingerprint"
+COMPONENTS_KEY = "mdd.provenance"
+UNKNOWN = "unknown"  # dialogues written before fingerprints, or by another tool
+
+_PKG = Path(__file__).resolve().parent
+
+
+class ProvenanceMismatch(ValueError):
+    """A rerun would mix dialogues of different provenance into one output (exit code 2)."""
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def prompts_hash() -> str:
+    return _sha((_PKG / "dialogue" / "prompts.py").read_bytes())
+
+
+def knowledge_hash() -> str:
+    h = hashlib.sha256()
+    root = _PKG / "knowledge"
+    for f in sorted(root.rglob("*.yaml")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def components(cfg: Any, engine: str, model: str, key_id: str) -> dict[str, Any]:
+    """The fingerprint's components for a run of ``cfg`` (a ``mdd.config.Config``)."""
+    return {
+        "engine": engine,
+        "model": model,
+        "seed": cfg.synth.seed,
+        "dialogue": cfg.synth.dialogue.model_dump(mode="json"),
+        "prompts": prompts_hash(),
+        "knowledge": knowledge_hash(),
+        "privacy": {"case_ids": cfg.privacy.case_ids, "key_id": key_id},
+    }
+
+
+def fingerprint(comp: dict[str, Any]) -> str:
+    return _sha(json.dumps(comp, sort_keys=True, ensure_ascii=False).encode())
+
+
+def shard_metadata(comp: dict[str, Any]) -> dict[str, str]:
+    """Key-value pairs for a shard's Parquet metadata."""
+    return {FINGERPRINT_KEY: fingerprint(comp), COMPONENTS_KEY: json.dumps(comp, sort_keys=True, ensure_ascii=False)}
+
+
+def in_output(store: Any, shards: list[str]) -> dict[str, dict[str, Any]]:
+    """``{fingerprint: components}`` of the given synth shards of a ``mdd.storage.Store``
+    (``UNKNOWN`` for shards without one)."""
+    found: dict[str, dict[str, Any]] = {}
+    for rel in shards:
+        meta = store.read_metadata(rel).metadata or {}
+        fp = meta.get(FINGERPRINT_KEY.encode(), b"").decode() or UNKNOWN
+        if fp not in found:
+            try:
+                found[fp] = json.loads(meta.get(COMPONENTS_KEY.encode(), b"{}"))
+            except ValueError:
+                found[fp] = {}
+    return found
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k} ({a} -> {b})" if not isinstance(a, dict) and not isinstance(b, dict)
+                       else f"{prefix}{k}")
+    return out
+
+
+def check_resume(existing: dict[str, dict[str, Any]], comp: dict[str, Any], policy: str, out: str) -> None:
+    """Raise :class:`ProvenanceMismatch` when ``policy`` forbids adding to an output whose dialogues
+    were made with ``existing`` (``in_output``)."""
+    if policy not in RESUME_POLICIES:
+        raise ProvenanceMismatch(f"--resume must be one of {', '.join(RESUME_POLICIES)}, got {policy!r}")
+    if not existing or policy == "always":
+        return
+    if policy == "never":
+        raise ProvenanceMismatch(f"{out} already holds dialogues and --resume is never: use a new --out")
+    fp = fingerprint(comp)
+    others = {k: v for k, v in existing.items() if k != fp}
+    if not others:
+        return
+    parts = []
+    for other, old in sorted(others.items()):
+        if other == UNKNOWN or not old:
+            parts.append("dialogues of unknown provenance")
+        else:
+            parts.append(f"fingerprint {other} (differs in: {', '.join(_diff(old, comp)) or 'nothing recorded'})")
+    raise ProvenanceMismatch(
+        f"{out} holds dialogues made differently ({'; '.join(parts)}), this run is {fp}: rerun with the same "
+        f"settings, use a new --out, or --resume always to add to it anyway")
+
+
+def section(existing: dict[str, dict[str, Any]], comp: dict[str, Any]) -> dict[str, Any]:
+    """The ``provenance`` section of run.json: this run's fingerprint and every one in the output."""
+    fp = fingerprint(comp)
+    history = sorted(set(existing) | {fp})
+    return {"fingerprint": fp, "components": comp, "history": history,
+            "mixed": len(history) > 1}

@@ -81,12 +81,7 @@ _TABLE = {ord(k): v for k, v in _CN_DIGITS.items()}
 _TABLE.update({ord(c): "-" for c in _DASHES})
 _TABLE.update({0x3000: " ", 0xA0: " ", 0x2002: " ", 0x2003: " ", 0x2009: " ", ord("\t"): " ",
                ord("·"): ".", ord("・"): ".", ord("•"): "."})
-for _cp in range(0xFF01, 0xFF5F):  # full-width ASCII forms, except the CJK punctuation kept as is
-    if chr(_cp) not in "，：；！？（）":
-        _TABLE.setdefault(_cp, chr(_cp - 0xFEE0))
-_TABLE[ord("（")] = "("
-_TABLE[ord("）")] = ")"
-_TABLE[ord("：")] = "："
+_TABLE.update({cp: chr(cp - 0xFEE0) for cp in range(0xFF01, 0xFF5F) if cp not in _TABLE})  # full-width ASCII
 
 
 def normalise(text: str) -> str:

@@ -5,7 +5,8 @@ The fingerprint is a hash of the components that decide a dialogue's content:
 - ``engine``, ``model``: the engine and the model that wrote it;
 - ``seed``: the run seed (every dialogue's seed derives from it);
 - ``dialogue``: the ``synth.dialogue`` config section (caps, sampling);
-- ``prompts``: a hash of the prompt module's text (``mdd/dialogue/prompts.py``);
+- ``prompts``: a hash of the text of the modules that write the prompts (``PROMPT_MODULES``:
+  ``mdd/dialogue/prompts.py``, ``patient.py``, ``lay.py``);
 - ``knowledge``: a hash of every YAML file under ``mdd/knowledge/`` (trees, graphs, personas, ...);
 - ``privacy``: ``privacy.case_ids`` and an id of the id-hash key (never the key): another key gives
   other case ids.
@@ -46,8 +47,17 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+# the modules that write what the models are shown (the doctor's and the tool's prompts, the
+# patient's lay view of the case)
+PROMPT_MODULES = ("dialogue/prompts.py", "dialogue/patient.py", "dialogue/lay.py")
+
+
 def prompts_hash() -> str:
-    return _sha((_PKG / "dialogue" / "prompts.py").read_bytes())
+    h = hashlib.sha256()
+    for rel in PROMPT_MODULES:
+        f = _PKG / rel
+        h.update(rel.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"") + b"\0")
+    return h.hexdigest()[:16]
 
 
 def knowledge_hash() -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import signal
@@ -18,16 +19,21 @@ SAMPLES = ROOT / "data" / "cases" / "sample_cases.json"
 ENV = {**os.environ, "RAY_ADDRESS": ""}
 
 
-def job(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env or ENV, capture_output=True, text=True,
-                          timeout=timeout)
+def run_main(capsys, entry: str, *argv: str) -> tuple[int, str]:
+    """``python -m <entry> argv`` in this process (an uncaught exception would fail the test): exit code and stderr."""
+    module = importlib.import_module(entry)
+    if "--config" not in argv:
+        argv = ("--config", str(ROOT / "configs" / "local.yaml"), *argv)
+    capsys.readouterr()
+    rc = module.main(list(argv))
+    return rc, capsys.readouterr().err
 
 
-def one_line_error(proc: subprocess.CompletedProcess, *words: str) -> str:
+def one_line_error(stderr: str, *words: str) -> str:
     """The run's single ``error:`` line (asserting there is exactly one and no traceback)."""
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, stderr[-3000:]
     for w in words:
         assert w in lines[0], lines[0]
     return lines[0]
@@ -42,12 +48,12 @@ def cases_file(path: Path, n: int, mutate=None) -> Path:
     return path
 
 
-def test_every_case_rejected_exits_2_and_says_why(tmp_path):
+def test_every_case_rejected_exits_2_and_says_why(tmp_path, capsys):
     f = cases_file(tmp_path / "c.json", 3, lambda c: c.__setitem__("性别", "13812345678"))
-    proc = job("jobs.synthesize", "--cases", str(f), "--out", str(tmp_path / "out"), "--no-progress")
-    assert proc.returncode == 2
-    line = one_line_error(proc, "no usable case", "3 reject rows", "性别", "rejects.parquet")
-    assert "13812345678" not in proc.stderr + proc.stdout and "mobile" in line
+    rc, err = run_main(capsys, "jobs.synthesize", "--cases", str(f), "--out", str(tmp_path / "out"), "--no-progress")
+    assert rc == 2
+    line = one_line_error(err, "no usable case", "3 reject rows", "性别", "rejects.parquet")
+    assert "13812345678" not in err and "mobile" in line
     assert pl.read_parquet(tmp_path / "out" / "rejects.parquet").height == 3
 
 
@@ -62,27 +68,27 @@ def test_every_case_rejected_exits_2_and_says_why(tmp_path):
     ("jobs.run", lambda d: None, ["--variants", "0"], ["synth.variants"]),
     ("jobs.synthesize", lambda d: None, ["--cases", "{d}/nowhere.json"], ["no such file or folder"]),
 ])
-def test_bad_usage_is_one_line_exit_2(tmp_path, make, args, words, entry):
+def test_bad_usage_is_one_line_exit_2(tmp_path, capsys, make, args, words, entry):
     make(tmp_path)
     argv = [a.format(d=tmp_path) for a in args]
     if "--out" not in argv:
         argv += ["--out", str(tmp_path / "out")]
-    proc = job(entry, *argv, "--no-progress")
-    assert proc.returncode == 2
-    one_line_error(proc, *words)
+    rc, err = run_main(capsys, entry, *argv, "--no-progress")
+    assert rc == 2
+    one_line_error(err, *words)
 
 
-def test_openai_without_base_url_is_one_line_exit_2(tmp_path):
+def test_openai_without_base_url_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
     cfg = tmp_path / "openai.yaml"
-    cfg.write_text("engine:\n  name: openai\n  model: qwen\nray:\n  num_cpus: 2\n", encoding="utf-8")
-    env = {k: v for k, v in ENV.items() if k != "MDD_OPENAI_BASE_URL"}
-    proc = job("jobs.synthesize", "--config", str(cfg), "--cases", str(cases_file(tmp_path / "c.json", 1)),
-               "--out", str(tmp_path / "out"), "--no-progress", env=env)
-    assert proc.returncode == 2
-    one_line_error(proc, "MDD_OPENAI_BASE_URL")
+    cfg.write_text("engine:\n  name: openai\n  model: qwen\n", encoding="utf-8")
+    monkeypatch.delenv("MDD_OPENAI_BASE_URL", raising=False)
+    rc, err = run_main(capsys, "jobs.synthesize", "--config", str(cfg), "--cases", str(cases_file(tmp_path / "c.json", 1)),
+                       "--out", str(tmp_path / "out"), "--no-progress")
+    assert rc == 2
+    one_line_error(err, "MDD_OPENAI_BASE_URL")
 
 
-def test_strict_makes_a_partial_run_exit_3(ray_session, tmp_path):
+def test_strict_makes_a_partial_run_exit_3(ray_session, tmp_path, capsys):
     from mdd.config import load_config
     from mdd.driver import run_synthesis
 
@@ -97,11 +103,11 @@ def test_strict_makes_a_partial_run_exit_3(ray_session, tmp_path):
     first = run_synthesis(load_config(ROOT / "configs" / "local.yaml", {
         "synth.cases": str(f), "synth.out": str(tmp_path / "a"), "synth.variants": 1}), progress=False)
     assert first["counts"]["reject_rows"] == 1 and first["counts"]["dialogues_run"] == 2
-    lenient = job("jobs.synthesize", "--cases", str(f), "--out", str(tmp_path / "a"), "--variants", "1", "--no-progress")
-    assert lenient.returncode == 0, lenient.stderr[-2000:]  # the same partial output, nothing left to run
-    strict = job("jobs.synthesize", "--cases", str(f), "--out", str(tmp_path / "a"), "--variants", "1", "--strict",
-                 "--no-progress")
-    assert strict.returncode == 3 and "strict: partial run (1 reject rows" in strict.stderr
+    common = ("--cases", str(f), "--out", str(tmp_path / "a"), "--variants", "1", "--no-progress")
+    rc, err = run_main(capsys, "jobs.synthesize", *common)
+    assert rc == 0, err[-2000:]  # the same partial output, nothing left to run
+    rc, err = run_main(capsys, "jobs.synthesize", *common, "--strict")
+    assert rc == 3 and "strict: partial run (1 reject rows" in err
     assert pl.read_parquet(tmp_path / "a" / "synth" / "*.parquet").height == 2
 
 

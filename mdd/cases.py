@@ -2,7 +2,8 @@
 
 A bad case never stops a run: every problem becomes a :class:`Reject` (file, position,
 case id when there is one, field, reason in words) and the good cases go on. A file that
-cannot be parsed at all raises :class:`CaseFileError`.
+cannot be read is a file-level reject, a JSONL line that is not JSON a line-level one; only a
+path that holds no case file raises :class:`CaseFileError`.
 
 De-identification is :mod:`mdd.privacy`'s: every free-text field (and sub-field name) is
 scrubbed, the case id is replaced by its safe id when it looks personal, and no reject reason

@@ -5,8 +5,9 @@ import random
 import pytest
 
 from mdd.dialogue import ops
+from mdd.dialogue.agenda import TopicAgenda
 from mdd.engines.base import Completion, Message, Sampling
-from mdd.tree import TopicAgenda, parse_node, rand_visit
+from mdd.tree import parse_node, rand_visit
 
 TREE = {
     "id": "root", "topic": "精神状况",

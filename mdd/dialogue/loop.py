@@ -19,10 +19,11 @@ from mdd.cases import Case
 from mdd.config import DialogueConfig
 from mdd.dialogue import ops
 from mdd.dialogue import prompts as P
+from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.patient import PatientRole, choose_style
 from mdd.evaluate.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
-from mdd.tree import Topic, TopicAgenda, build_tree, for_audience
+from mdd.tree import Topic, build_tree, for_audience
 
 ROLES = ("doctor", "patient", "tool")
 MIN_DOCTOR_TURNS = 10  # DupDetect never trims a dialogue below this many questions

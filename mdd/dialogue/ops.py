@@ -17,8 +17,9 @@ from typing import Any, Awaitable, Callable
 from mdd import knowledge
 from mdd.cases import Case
 from mdd.dialogue import prompts as P
+from mdd.dialogue.agenda import TopicAgenda
 from mdd.engines.base import Completion, Message, Sampling
-from mdd.tree import Topic, TopicAgenda, experience_topics, mentions
+from mdd.tree import Topic, experience_topics, mentions
 
 # call(agent, op, messages, sampling, context) -> Completion; the loop's accounting wrapper
 Call = Callable[[str, str, list[Message], Sampling, dict[str, Any]], Awaitable[Completion]]

@@ -133,6 +133,9 @@ class Case:
 
 
 def age_band(age: int) -> str:
+    """child (12 or younger), teen (13-20), adult, elderly (60 and over): the tree and graph to use."""
+    if age <= 12:
+        return "child"
     if age <= 20:
         return "teen"
     if age >= 60:

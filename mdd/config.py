@@ -83,6 +83,23 @@ class SamplingConfig(_Frozen):
     json_max_tokens: int = Field(96, ge=8)
 
 
+class InterviewConfig(_Frozen):
+    """When an interview is sufficient: every required item of the case's diagnoses asked
+    (mdd/knowledge/checklists.yaml) and a seeded length target reached."""
+
+    checklist: bool = Field(True, description="ask the required items of the case's diagnoses "
+                            "(mdd/knowledge/checklists.yaml); off: the tree's topics only")
+    target_exchanges: float = Field(22.0, ge=1.0, description="mean of the per-dialogue length target "
+                                    "(a seeded normal draw); the released MDD-5k corpus averages 23.4 exchanges, "
+                                    "17-35. A dialogue runs longer when its required items need it")
+    target_spread: float = Field(4.0, ge=0.0, description="standard deviation of the length target")
+    fast_shift: float = Field(-3.0, description="added to the target for fast doctor personas")
+    slow_shift: float = Field(3.0, description="added to the target for slow doctor personas")
+    required_slack: int = Field(3, ge=0, description="the target is at least the opening plus the required "
+                                "topics plus a seeded 0..required_slack exchanges")
+    min_exchanges: int = Field(10, ge=1, description="the length target is at least this")
+
+
 class DialogueConfig(_Frozen):
     max_exchanges_per_topic: int = Field(3, ge=1, description="hard cap, whatever IsTopicEnd says")
     max_exchanges: int = Field(60, ge=10, description="IsDialEnd's hard cap for a whole dialogue")
@@ -91,6 +108,7 @@ class DialogueConfig(_Frozen):
                                     "would pass this many tokens (keep below the model's context); 0: no limit")
     dup_detect: bool = True
     sampling: SamplingConfig = SamplingConfig()
+    interview: InterviewConfig = InterviewConfig()
 
 
 class SynthConfig(_Frozen):

@@ -288,7 +288,21 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         first = "; ".join(f"{Path(r.source).name}: {r.field}: {r.reason}" for r in rejects[:2])
         raise RunRefused(f"no usable case in {privacy.mask(str(sc.cases))}: {len(rejects)} reject rows "
                          f"({first}{'; ...' if len(rejects) > 2 else ''}); see {out.display('rejects.parquet')}")
-    return summary
+    return {**summary, "interview": report_interview(out, cases)}
+
+
+def report_interview(out: Store, cases: list[Case]) -> dict[str, Any]:
+    """``run.json["interview"]``: length, required-item coverage and variant diversity of every
+    dialogue in ``synth/`` (this run's and earlier ones')."""
+    from mdd import interview
+
+    ids = {c.case_id for c in cases}
+    rows = [r for r in interview.read_rows(out) if r["case_id"] in ids]
+    if not rows:
+        return {}
+    report = interview.summarize(rows, interview.modules_by_case(cases))
+    out.update_run_json("interview", report)
+    return report
 
 
 def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[Item]], stats: RunStats,

@@ -57,6 +57,9 @@ DIALOGUE = pa.schema(
         pa.field("source", pa.string()),  # "mdd" for synthesized, "mdd5k" for imported
         pa.field("patient_style", pa.string()),  # the patient's speech style (mdd/knowledge/styles.yaml)
         pa.field("jargon_turns", pa.int32()),  # patient turns using clinical jargon (mdd/evaluate/speech.py)
+        pa.field("topic_ids", pa.list_(pa.string())),  # the ids of `topics` (tree / module / experience ids)
+        pa.field("required_items", pa.list_(pa.string())),  # the checklist items the case's diagnoses require
+        pa.field("items_asked", pa.list_(pa.string())),  # those of them the doctor asked
     ]
 )
 
@@ -143,6 +146,17 @@ RULE_RESULT = pa.schema(
         pa.field("score", pa.float64()),  # 1 passed, 0 failed, null when not triggered
         pa.field("kwargs", pa.string()),  # JSON evidence
         pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+# One row per ICD prefix (of the leading diagnosis) x required item: OUT/eval/coverage/
+COVERAGE = pa.schema(
+    [
+        pa.field("icd_prefix", pa.string(), nullable=False),
+        pa.field("item", pa.string(), nullable=False),
+        pa.field("dialogues", pa.int32(), nullable=False),  # dialogues whose diagnosis requires the item
+        pa.field("asked", pa.int32(), nullable=False),  # of them, those where a doctor question asked it
+        pa.field("share", pa.float64(), nullable=False),
     ]
 )
 

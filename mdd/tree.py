@@ -43,6 +43,10 @@ class Topic:
     kind: str = "symptom"  # symptom | graft | experience | probe
     audience: str = "patient"  # patient | companion | either (see AUDIENCES)
     lay: str = ""  # what is asked, in the patient's words (else mdd/knowledge/lay_terms.yaml by id)
+    anchor: str | None = None  # first | last: keeps that place inside a randomly ordered group
+    after: tuple[str, ...] = ()  # sibling ids it must follow inside a randomly ordered group
+    module: str = ""  # the module that attached it ("" for the tree's own topics)
+    urgent: bool = False  # a probe that, once opened, is always asked (a disclosed risk is followed up)
 
     @property
     def is_leaf(self) -> bool:
@@ -71,6 +75,7 @@ def parse_node(data: dict[str, Any], where: str, inherit: str = "patient") -> To
             max_exchanges=int(data.get("max_exchanges", 1)),
             graft=str(data["graft"]),
             kind="graft",
+            anchor=data.get("anchor"),
         )
     for key in ("id", "topic"):
         if not data.get(key):
@@ -86,6 +91,9 @@ def parse_node(data: dict[str, Any], where: str, inherit: str = "patient") -> To
     order = data.get("order")
     if order not in (None, "fixed", "random"):
         raise knowledge.KnowledgeError(f"{where}/{nid}: order must be fixed or random, got {order!r}")
+    anchor = data.get("anchor")
+    if anchor not in (None, "first", "last"):
+        raise knowledge.KnowledgeError(f"{where}/{nid}: anchor must be first or last, got {anchor!r}")
     return Topic(
         id=nid,
         topic=str(data["topic"]),
@@ -100,11 +108,15 @@ def parse_node(data: dict[str, Any], where: str, inherit: str = "patient") -> To
         if_answer=tuple(str(k) for k in _tuple(data.get("if_answer"))),
         audience=audience,
         lay=str(data.get("lay", "")),
+        anchor=anchor,
+        after=tuple(str(k) for k in _tuple(data.get("after"))),
+        urgent=bool(data.get("urgent", False)),
     )
 
 
 def condition_holds(when: dict[str, Any], case: Case) -> bool:
-    """A node's ``when``: gender, age_min, age_max, complaint_any (referral text)."""
+    """A node's ``when``: gender, age_min, age_max, complaint_any (referral text), has_any (case
+    fields of which one must hold something other than 无)."""
     if not when:
         return True
     if "gender" in when and when["gender"] != case.gender:
@@ -116,7 +128,8 @@ def condition_holds(when: dict[str, Any], case: Case) -> bool:
     words = when.get("complaint_any")
     if words and not mentions(case.complaint + "。" + case.present_illness, words):
         return False
-    return True
+    fields = when.get("has_any")
+    return not fields or any(case.get(f).strip() not in ("", "无", "无特殊", "不详") for f in fields)
 
 
 _CLAUSE_END = re.compile(r"[。；;，,！!？?\n]")
@@ -157,21 +170,52 @@ def _attach(node: Topic, target: str, extra: Iterable[Topic]) -> tuple[Topic, bo
     return replace(node, children=tuple(kids)), done
 
 
-def build_tree(case: Case) -> Topic:
-    """The symptom inquiry tree for a case: by gender x age band, modules attached, pruned."""
+def _module_group(mod: dict[str, Any]) -> Topic:
+    """A module's nodes as one group (its questions stay together wherever the group lands)."""
+    where = f"modules/{mod['id']}"
+    nodes = tuple(_stamp(parse_node(n, where, mod.get("audience", "patient")), mod["id"]) for n in mod.get("nodes") or ())
+    group = parse_node({"id": f"module_{mod['id']}", "topic": mod.get("topic") or mod["id"],
+                        "order": mod.get("order", "random"), "anchor": mod.get("anchor"),
+                        "after": mod.get("after")}, where)
+    return replace(group, children=nodes, module=mod["id"])
+
+
+def _stamp(node: Topic, module: str) -> Topic:
+    return replace(node, module=module, children=tuple(_stamp(c, module) for c in node.children),
+                   probes=tuple(_stamp(p, module) for p in node.probes))
+
+
+def attached_modules(case: Case, named: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The modules a case gets: ``always`` ones (their ``when`` permitting), those whose cues
+    (``when``) the referral text meets, and those its diagnoses name (``named``, from the
+    checklist), whatever the referral text says."""
+    named = set(named)
+    out = []
+    for mod in knowledge.module_data():
+        when = mod.get("when") or {}
+        if mod["id"] in named or (condition_holds(when, case) and (mod.get("always") or when)):
+            out.append(mod)
+    return out
+
+
+def build_tree(case: Case, modules: Iterable[str] = ()) -> Topic:
+    """The symptom inquiry tree for a case: by gender x age band, modules attached (``modules``:
+    those its diagnoses name in the checklist), pruned. A module node whose id the case's tree
+    already asks is left out (the tree's own question stands)."""
     data = knowledge.tree_data(case.gender, case.age_band)
     name = data.get("name", knowledge.tree_name(case.gender, case.age_band))
-    root = parse_node(data["root"], name)
-    for mod in knowledge.module_data():
-        if not condition_holds(mod.get("when") or {}, case):
-            continue
-        nodes = [parse_node(n, f"modules/{mod['id']}", mod.get("audience", "patient")) for n in mod.get("nodes") or ()]
-        root, ok = _attach(root, mod["attach_to"], nodes)
+    root = _prune(parse_node(data["root"], name), case)
+    if root is None:
+        raise knowledge.KnowledgeError(f"{name}: no topics left for case {case.case_id}")
+    have = {t.id for t in all_topics(root)}
+    for mod in attached_modules(case, modules):
+        group = _module_group(mod)
+        group = replace(group, children=tuple(c for c in group.children if c.id not in have))
+        root, ok = _attach(root, mod["attach_to"], [group])
         if not ok:
             raise knowledge.KnowledgeError(f"module {mod['id']}: attach_to {mod['attach_to']!r} is not a node of {name}")
     pruned = _prune(root, case)
-    if pruned is None:
-        raise knowledge.KnowledgeError(f"{name}: no topics left for case {case.case_id}")
+    assert pruned is not None
     return pruned
 
 
@@ -193,12 +237,54 @@ def for_audience(node: Topic, companion_present: bool) -> Topic:
     return keep(node) or replace(node, children=())
 
 
+def promote(node: Topic, ids: Iterable[str]) -> Topic:
+    """Probes named in ``ids`` (required items) become leaves asked right after the leaf that
+    holds them, in their listed order (the leaf and they form a fixed-order group, so a random
+    walk of their siblings cannot separate them)."""
+    ids = set(ids)
+    if not ids:
+        return node
+    kids: list[Topic] = []
+    for c in node.children:
+        if c.is_leaf:
+            up = tuple(replace(p, kind="symptom") for p in c.probes if p.id in ids)
+            if up:
+                leaf = replace(c, probes=tuple(p for p in c.probes if p.id not in ids), anchor=None)
+                c = replace(c, id=f"{c.id}+", children=(leaf, *up), probes=(), order="fixed")
+            kids.append(c)
+        else:
+            kids.append(promote(c, ids))
+    return replace(node, children=tuple(kids))
+
+
+def all_topics(node: Topic) -> Iterable[Topic]:
+    """Every leaf and probe of a tree (depth first)."""
+    if node.is_leaf:
+        yield node
+    for c in node.children:
+        yield from all_topics(c)
+    for p in node.probes:
+        yield from all_topics(p)
+
+
 def rand_visit(node: Topic, rng: random.Random) -> list[Topic]:
-    """RandVisit: the leaves in visiting order. Groups keep their order; leaves are shuffled."""
+    """RandVisit: the leaves in visiting order. A group is walked in its fixed order unless it
+    says ``order: random`` (a list of leaves is random by default); inside a random group,
+    children anchored ``first`` or ``last`` keep that place, and a child that must come
+    ``after`` some siblings moves right behind the last of them when the draw put it earlier."""
     order = node.order or ("fixed" if any(not c.is_leaf for c in node.children) else "random")
     children = list(node.children)
     if order == "random":
-        rng.shuffle(children)
+        free = [c for c in children if c.anchor is None]
+        rng.shuffle(free)
+        for c in [c for c in free if c.after]:
+            ids = [x.id for x in free]
+            behind = max((ids.index(a) for a in c.after if a in ids), default=-1)
+            if behind > ids.index(c.id):
+                free.remove(c)
+                free.insert(behind, c)
+        children = ([c for c in children if c.anchor == "first"] + free
+                    + [c for c in children if c.anchor == "last"])
     out: list[Topic] = []
     for c in children:
         out.extend([c] if c.is_leaf else rand_visit(c, rng))

@@ -10,7 +10,7 @@ import pytest
 
 from mdd.evaluate.gates import GATES
 from mdd.evaluate.validity import RECIPES
-from mdd.schema import DIALOGUE_EVAL, METRICS, QA_SIDECAR, RULE_RESULT, TURN_EVAL, VALIDITY
+from mdd.schema import COVERAGE, DIALOGUE_EVAL, METRICS, QA_SIDECAR, RULE_RESULT, TURN_EVAL, VALIDITY
 
 MDD5K = Path(__file__).parents[1].parent / "shared" / "mdd5k"
 
@@ -100,6 +100,22 @@ def test_validity_self_check_is_written(run):
     rows = {(r["control"], r["metric"]): r for r in table.to_pylist()}
     assert rows[("filler", "high_quality")]["control_mean"] == v["recipes"]["filler"]["control_hq_share"]
     assert rows[("filler", "high_quality")]["real_mean"] == v["real_hq_share"]
+
+
+def test_required_items_coverage_of_the_released_corpus(run):
+    """A known answer: MDD-5k's doctors ask about suicidal ideation but hardly ever about past
+    attempts, access to means, harm to others, substance use or the thyroid (the gaps the
+    checklist closes); the matrix shows both sides."""
+    out, _ = run
+    cov = pq.read_table(out / "eval" / "coverage")
+    assert cov.schema.equals(COVERAGE, check_metadata=False)
+    share = {(r["icd_prefix"], r["item"]): r["share"] for r in cov.to_pylist()}
+    assert share[("F32", "risk_ideation")] >= 0.8 and share[("F32", "mood_low")] >= 0.9
+    for item in ("risk_past_attempt", "risk_means", "risk_harm_others", "substance_other", "physical_thyroid"):
+        assert share[("F32", item)] <= 0.15, item
+    ev = json.loads((out / "run.json").read_text(encoding="utf-8"))["evaluate"]["coverage"]
+    assert ev["matrix"]["F32"]["physical_thyroid"] == share[("F32", "physical_thyroid")]
+    assert 0 < ev["asked"] < ev["required"] and "F32:risk_means" in " ".join(ev["missing_cells"])
 
 
 def test_index_matches_high_quality(run):

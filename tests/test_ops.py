@@ -116,7 +116,10 @@ def test_is_dial_end():
     agenda = TopicAgenda(parse_node(TREE, "t"), random.Random(0))
     assert not ops.is_dial_end(agenda, 3, 60)
     assert ops.is_dial_end(agenda, 60, 60)
-    agenda.remove([t.id for t in list(agenda.pending)])
+    gone = agenda.remove([t.id for t in list(agenda.pending)])
+    assert [t.id for t in agenda.pending] == ["graft_experience"]  # required: DupDetect cannot remove it
+    assert "graft_experience" not in {t.id for t in gone} and not ops.is_dial_end(agenda, 0, 60)
+    agenda.next()
     assert ops.is_dial_end(agenda, 0, 60)
 
 

@@ -57,6 +57,11 @@ def test_outputs_schema_labels_and_run_record(ray_session, tmp_path):
                                           if t["speaker"] == "patient")
     assert speech["patient_jargon_share"] == pytest.approx(df["jargon_turns"].sum() / speech["patient_turns"], abs=1e-4)
     assert sum(speech["patient_styles"].values()) == 20 and df["patient_style"].null_count() == 0
+    iv = json.loads((tmp_path / "out" / "run.json").read_text(encoding="utf-8"))["interview"]
+    assert iv["dialogues"] == 20 and iv["exchanges"]["mean"] == round(df["n_exchanges"].mean(), 2)
+    assert iv["required_items"]["asked"] == iv["required_items"]["required"] == df["required_items"].list.len().sum()
+    assert set(iv["coverage"]) == {c.split(",")[0][:3] for c in df["icd_code"]}
+    assert set(iv["variant_kendall_tau"]["per_case"]) == set(df["case_id"])
 
 
 def test_same_config_same_dialogues_and_resume_writes_nothing(ray_session, tmp_path):

@@ -23,7 +23,7 @@ from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.patient import PatientRole, choose_style
 from mdd.evaluate.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
-from mdd.tree import Topic, build_tree, for_audience
+from mdd.tree import Topic
 
 ROLES = ("doctor", "patient", "tool")
 MIN_DOCTOR_TURNS = 10  # DupDetect never trims a dialogue below this many questions
@@ -76,6 +76,7 @@ class Dialogue:
         # view, so every prompt extends that agent's previous prompt and its own output
         self.instructions: dict[int, str] = {}
         self.topics: list[str] = []
+        self.topic_ids: list[str] = []
         self.story = ""
         self.agenda: TopicAgenda | None = None
         self.topic: Topic | None = None
@@ -178,7 +179,8 @@ class Dialogue:
         return self.row()
 
     async def _start(self) -> Phase:
-        self.agenda = TopicAgenda(for_audience(build_tree(self.case), self.companion is not None), self.rng)
+        self.agenda = TopicAgenda.for_case(self.case, self.rng, self.cfg.interview, speed=self.persona.speed,
+                                           cap=self.cfg.max_exchanges, companion=self.companion is not None)
         return Phase.EXPERIENCE
 
     async def _experience(self) -> Phase:
@@ -204,8 +206,9 @@ class Dialogue:
             if ops.is_dial_end(self.agenda, self.exchanges, self.cfg.max_exchanges, self.context_used,
                                self.cfg.max_context_tokens):
                 return Phase.FINAL
-            topic = self.agenda.next()
-            assert topic is not None
+            topic = self.agenda.next(self.exchanges)
+            if topic is None:
+                return Phase.FINAL
             if self.cfg.dup_detect and topic.group != self.group and topic.kind == "symptom":
                 self.group = topic.group
                 if await self._dup_detect(topic):
@@ -213,12 +216,16 @@ class Dialogue:
             self.group = topic.group or self.group
             self.topic, self.topic_exchanges, self.followup, self.new_topic = topic, 0, False, bool(self.topics)
             self.topics.append(topic.topic)
+            self.topic_ids.append(topic.id)
             return Phase.ASK
 
     async def _dup_detect(self, topic: Topic) -> bool:
         """DupDetect once per group, over its pending topics; True when ``topic`` itself is covered."""
         assert self.agenda is not None
-        candidates = [topic] + self.agenda.upcoming_in_group(topic.group)
+        # required topics are asked whatever the conversation covered
+        candidates = [t for t in [topic] + self.agenda.upcoming_in_group(topic.group) if not self.agenda.is_required(t)]
+        if not candidates:
+            return False
         covered = await ops.dup_detect(self.call, self.doctor_view(), candidates, self.patient_text(),
                                        self.sp_json, self.acct.fallbacks)
         room = len(self.topics) + len(self.agenda) + 1 - MIN_DOCTOR_TURNS
@@ -269,7 +276,7 @@ class Dialogue:
                 answer, self.topic_exchanges, cap, self.cfg.max_exchanges_per_topic):
             self.followup = self.reask = True  # a dodged question gets a gentle re-ask, no verdict needed
             return Phase.ASK
-        if self.exchanges >= self.cfg.max_exchanges or await ops.is_topic_end(
+        if not self.agenda.allows_followup(self.exchanges) or await ops.is_topic_end(
             self.call, self.doctor_view(), self.topic, self.topic_exchanges, cap, answer, self.sp_verdict,
             self.acct.fallbacks,
         ):
@@ -315,6 +322,9 @@ class Dialogue:
             "source": "mdd",
             "patient_style": self.patient.style.id,
             "jargon_turns": jargon_turns(self.turns),
+            "topic_ids": list(self.topic_ids),
+            "required_items": self.agenda.required_items if self.agenda is not None else [],
+            "items_asked": self.agenda.items_asked(self.topic_ids) if self.agenda is not None else [],
         }
 
 

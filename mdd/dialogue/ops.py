@@ -235,9 +235,10 @@ def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_top
 
 def is_dial_end(agenda: TopicAgenda, exchanges: int, max_exchanges: int, context_used: int = 0,
                 context_limit: int = 0) -> bool:
-    """IsDialEnd: every topic visited, the dialogue's hard cap reached, or the context nearly full."""
+    """IsDialEnd: the interview is sufficient (every required item asked and the length target
+    reached, or nothing left), the dialogue's hard cap reached, or the context nearly full."""
     full = context_limit > 0 and context_used >= context_limit
-    return len(agenda) == 0 or exchanges >= max_exchanges or full
+    return agenda.finished(exchanges) or exchanges >= max_exchanges or full
 
 
 def needs_reask(answer: str, topic_exchanges: int, cap: int, hard_cap: int) -> bool:

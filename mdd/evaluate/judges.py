@@ -40,6 +40,9 @@ class KeywordJudge:
 
     # synchronous cores (also used by the LLM judge as its fallback)
     def _turn_hits(self, view: DialogueView, cond: Condition, i: int) -> Hits:
+        ex = view.exchanges[i]
+        if cond.answered and ex.patient is None and ex.companion is None:
+            return Hits()
         return keyword_hits(cond, view.text(i, cond.speaker))
 
     def anchor_sync(self, view: DialogueView, cond: Condition) -> Anchor:

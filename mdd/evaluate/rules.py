@@ -12,7 +12,8 @@ A rule says *what the doctor should do at which turn*. Its id is
 Turn indices are 0-based *exchange* indices: an exchange is a doctor turn plus the patient
 answer that follows it (a final doctor-only turn is an exchange without answer).
 
-``n`` is an int, ``"auto"`` or ``{"value": "auto", "offset": k, "window": w}``. With ``auto``
+``n`` is an int, ``"all"`` (FIRST_N only: the whole dialogue), ``"auto"`` or
+``{"value": "auto", "offset": k, "window": w}``. With ``auto``
 the rule is anchored at the first exchange where its precondition holds (read
 cumulatively, so "the patient has mentioned both X and Y" is met at the exchange by which
 both have appeared) and judged at ``anchor + offset`` (offset 1 by default, 0 = the same
@@ -48,14 +49,21 @@ Rule sets are YAML files in ``mdd/knowledge/rules/`` (see ``psychiatric.yaml``):
 A condition mapping has ``text`` (natural language, for the LLM judge), keyword hints for
 the offline judge (``any``: at least one; ``all``: a list of groups, each needing one hit;
 ``none``: none may appear), ``speaker`` (doctor | patient | companion | any), ``scope``
-(cumulative | turn: whether the hints may be satisfied across exchanges), and, for
+(cumulative | turn: whether the hints may be satisfied across exchanges), ``answered`` (only
+exchanges that have an answer count: a doctor's question, not the closing turn), and, for
 preconditions only, ``meta`` (``age_min``, ``age_max``, ``gender``, ``companion``: whether a
-family member is in the room) with ``combine`` (all | any) saying how the metadata test and
-the keyword test combine.
+family member is in the room, ``icd_prefix``: a list of ICD-10 prefixes, one of which a code of
+the dialogue must have) with ``combine`` (all | any) saying how the metadata test and the
+keyword test combine.
 
 A third speaker, the companion (``speaker = "companion"`` in the turns), answers some doctor
 turns and interjects after some patient answers: both go to the exchange's ``companion`` text.
 Two-speaker dialogues read as before.
+
+A rule set with ``checklist: true`` also holds one rule per item of the required-items
+checklist (``mdd/knowledge/checklists.yaml``, :func:`checklist_rules`):
+``multi_turn:FIRST_N:ask:required_<item>``, judged on the whole dialogue of every dialogue
+whose diagnosis requires the item: some doctor question must ask it.
 """
 from __future__ import annotations
 
@@ -125,8 +133,10 @@ class Meta:
     age_max: int | None = None
     gender: str | None = None  # "male" | "female"
     companion: bool | None = None  # a family member is (True) / is not (False) in the room
+    icd_prefix: tuple[str, ...] = ()  # one code of the dialogue must start with one of these
 
-    def check(self, age: Any, gender: Any, companion: Any = None) -> tuple[bool, dict[str, Any]]:
+    def check(self, age: Any, gender: Any, companion: Any = None,
+              icd_code: Any = None) -> tuple[bool, dict[str, Any]]:
         ev: dict[str, Any] = {"age": age, "gender": gender}
         ok = True
         if self.companion is not None:
@@ -144,6 +154,11 @@ class Meta:
                 ok = ok and (self.age_max is None or a <= self.age_max)
         if self.gender is not None:
             ok = ok and normalize_gender(gender) == self.gender
+        if self.icd_prefix:
+            from mdd.checklist import icd_prefixes
+
+            ev["icd_code"] = icd_code
+            ok = ok and bool(set(icd_prefixes(icd_code)) & set(self.icd_prefix))
         return ok, ev
 
     def describe(self) -> str:
@@ -156,6 +171,8 @@ class Meta:
             parts.append(f"gender={self.gender}")
         if self.companion is not None:
             parts.append(f"companion={self.companion}")
+        if self.icd_prefix:
+            parts.append(f"icd in {'/'.join(self.icd_prefix)}")
         return " and ".join(parts)
 
 
@@ -172,6 +189,7 @@ class Condition:
     meta: Meta | None = None
     combine: str = "all"  # how `meta` and the keyword/text test combine: all | any
     negation: bool | None = None  # ignore negated hits (没有幻听); default: on for patient speech
+    answered: bool = False  # only exchanges with an answer count (a question, not the closing turn)
 
     @property
     def skip_negated(self) -> bool:
@@ -190,8 +208,9 @@ class Rule:
     kind: str  # conv | ask
     name: str
     criterion: Condition
-    n: int | None = None  # None when auto
+    n: int | None = None  # None when auto or all
     auto: bool = False
+    whole: bool = False  # FIRST_N over the whole dialogue (n: all)
     offset: int = 1
     window: int | None = None  # FIRST_N + auto only
     precondition: Condition | None = None
@@ -204,6 +223,8 @@ class Rule:
         return dict(self.roles)
 
     def n_spec(self) -> Any:
+        if self.whole:
+            return "all"
         if not self.auto:
             return self.n
         spec: dict[str, Any] = {"value": "auto", "offset": self.offset}
@@ -212,10 +233,10 @@ class Rule:
         return spec
 
 
-_COND_KEYS = {"text", "speaker", "any", "all", "none", "scope", "meta", "combine", "negation"}
-_META_KEYS = {"age_min", "age_max", "gender", "companion"}
+_COND_KEYS = {"text", "speaker", "any", "all", "none", "scope", "meta", "combine", "negation", "answered"}
+_META_KEYS = {"age_min", "age_max", "gender", "companion", "icd_prefix"}
 _RULE_KEYS = {"id", "n", "precondition", "criterion", "description"}
-_SET_KEYS = {"name", "description", "roles", "preconditions", "rules"}
+_SET_KEYS = {"name", "description", "roles", "preconditions", "rules", "checklist"}
 
 
 def _str_list(v: Any, where: str) -> tuple[str, ...]:
@@ -283,13 +304,17 @@ def _condition(raw: Any, where: str, *, allow_meta: bool) -> Condition:
             age_max=_int(m["age_max"], f"{where}.meta.age_max", 0) if m.get("age_max") is not None else None,
             gender=gender,
             companion=companion,
+            icd_prefix=_str_list(m.get("icd_prefix"), f"{where}.meta.icd_prefix"),
         )
     negation = raw.get("negation")
     if negation is not None and not isinstance(negation, bool):
         raise RuleError(f"{where}.negation: expected true or false, got {negation!r}")
+    answered = raw.get("answered", False)
+    if not isinstance(answered, bool):
+        raise RuleError(f"{where}.answered: expected true or false, got {answered!r}")
     cond = Condition(
         text=text.strip(), speaker=speaker, any=any_, all=all_, none=none, scope=scope, meta=meta,
-        combine=combine, negation=negation,
+        combine=combine, negation=negation, answered=answered,
     )
     if not cond.has_text_test and meta is None:
         raise RuleError(f"{where}: needs keyword hints (any / all / none) for the offline judge")
@@ -308,11 +333,11 @@ def _rule(raw: Any, set_name: str, named: Mapping[str, Condition], roles: tuple,
         raise RuleError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}")
     mode, kind, name = parse_rule_id(rid)
 
-    # n: int | "auto" | {value: auto, offset, window}
+    # n: int | "all" | "auto" | {value: auto, offset, window}
     if "n" not in raw:
-        raise RuleError(f"{where}.n: required (an int, 'auto' or {{value: auto, offset: k}})")
+        raise RuleError(f"{where}.n: required (an int, 'all', 'auto' or {{value: auto, offset: k}})")
     n_raw = raw["n"]
-    auto, n, offset, window = False, None, 1, None
+    auto, n, offset, window, whole = False, None, 1, None, False
     if isinstance(n_raw, Mapping):
         bad = set(n_raw) - {"value", "offset", "window"}
         if bad:
@@ -326,6 +351,10 @@ def _rule(raw: Any, set_name: str, named: Mapping[str, Condition], roles: tuple,
             window = _int(n_raw["window"], f"{where}.n.window", 1)
     elif n_raw == "auto":
         auto = True
+    elif n_raw == "all":
+        if mode != "FIRST_N":
+            raise RuleError(f"{where}.n: 'all' (the whole dialogue) is for FIRST_N rules only")
+        whole = True
     elif isinstance(n_raw, int) and not isinstance(n_raw, bool):
         n = _int(n_raw, f"{where}.n", 1 if mode == "FIRST_N" else 0)
     else:
@@ -356,7 +385,7 @@ def _rule(raw: Any, set_name: str, named: Mapping[str, Condition], roles: tuple,
         raise RuleError(f"{where}.description: expected a string")
     return Rule(
         id=rid, mode=mode, kind=kind, name=name, criterion=crit, n=n, auto=auto, offset=offset,
-        window=window, precondition=pre, description=desc.strip(), rule_set=set_name, roles=roles,
+        window=window, precondition=pre, description=desc.strip(), rule_set=set_name, roles=roles, whole=whole,
     )
 
 
@@ -383,12 +412,59 @@ def parse_rule_set(data: Any, source: str = "<memory>") -> list[Rule]:
     if not isinstance(rules_raw, list) or not rules_raw:
         raise RuleError(f"rule set {set_name!r}.rules: expected a non-empty list")
     rules = [_rule(r, set_name, named, roles, i) for i, r in enumerate(rules_raw)]
+    use_checklist = data.get("checklist", False)
+    if not isinstance(use_checklist, bool):
+        raise RuleError(f"rule set {set_name!r}.checklist: expected true or false, got {use_checklist!r}")
+    if use_checklist:
+        rules += checklist_rules(set_name, roles)
     seen: set[str] = set()
     for r in rules:
         if r.id in seen:
             raise RuleError(f"rule {r.id!r}: duplicate id in rule set {set_name!r}")
         seen.add(r.id)
     return rules
+
+
+CHECKLIST_RULE = "required_"  # name prefix of the rules made from the required-items checklist
+
+
+def checklist_rules(set_name: str = "checklist", roles: tuple = tuple(DEFAULT_ROLES.items())) -> list[Rule]:
+    """One rule per checklist item: for the dialogues whose diagnosis requires it (an ICD prefix
+    of theirs requires it; default items: every dialogue), some doctor question of the dialogue
+    must ask it (the item's keywords in one answered doctor turn)."""
+    from mdd import checklist
+
+    cl = checklist.load()
+    out = []
+    for item in cl.items.values():
+        prefixes = cl.prefixes_requiring(item.id)
+        ages = [r for r in cl.by_age if item.id in r.items]
+        if item.id in cl.default:
+            pre = None
+        elif prefixes and not ages:
+            pre = Condition(text=f"患者的诊断属于 {'、'.join(prefixes)}", meta=Meta(icd_prefix=prefixes))
+        elif ages and not prefixes and len(ages) == 1:
+            pre = Condition(text=f"患者{ages[0].age_min}到{ages[0].age_max}岁",
+                            meta=Meta(age_min=ages[0].age_min, age_max=ages[0].age_max))
+        elif not prefixes and not ages:
+            continue  # no diagnosis requires it
+        else:
+            raise RuleError(f"checklist item {item.id!r}: required both by diagnosis and by age (or by two age "
+                            "ranges); one rule cannot say that")
+        out.append(Rule(
+            id=f"multi_turn:FIRST_N:ask:{CHECKLIST_RULE}{item.id}", mode="FIRST_N", kind="ask",
+            name=f"{CHECKLIST_RULE}{item.id}", whole=True, precondition=pre, rule_set=set_name, roles=roles,
+            criterion=Condition(text=f"医生在问诊中问到：{item.label}", speaker="doctor", any=item.any,
+                                all=item.all, answered=True),
+            description=f"必问条目（checklists.yaml）：{item.label}",
+        ))
+    return out
+
+
+def checklist_item(rule_name: str) -> str | None:
+    """``multi_turn:FIRST_N:ask:required_sleep`` (or its name) -> ``sleep``; None for other rules."""
+    name = rule_name.rsplit(":", 1)[-1]
+    return name[len(CHECKLIST_RULE):] if name.startswith(CHECKLIST_RULE) else None
 
 
 def _resolve_path(item: str | Path) -> Path:
@@ -608,7 +684,7 @@ class _Run:
     async def _precondition(self, view: DialogueView, cond: Condition, rule: Rule) -> Anchor:
         ev: dict[str, Any] = {}
         if cond.meta is not None:
-            meta_ok, mev = cond.meta.check(view.age, view.gender, view.companion)
+            meta_ok, mev = cond.meta.check(view.age, view.gender, view.companion, view.icd_code)
             ev["meta"] = {**mev, "test": cond.meta.describe(), "ok": meta_ok}
             if meta_ok and (cond.combine == "any" or not cond.has_text_test):
                 return Anchor(0, {**ev, "source": "meta"})
@@ -653,7 +729,9 @@ class _Run:
             return skip(None, "the dialogue has no exchanges")
 
         # 1. the judged range [start, end], before the precondition where possible (it costs a call)
-        if not rule.auto:
+        if rule.whole:
+            start, end = 0, L - 1
+        elif not rule.auto:
             if rule.mode == "N_th":
                 start = end = rule.n
                 if start >= L:
@@ -670,7 +748,9 @@ class _Run:
             kw["precondition_evidence"] = anchor.evidence
             kw["anchor"] = anchor.turn
             if anchor.turn is None:
-                return skip(None, f"precondition never met: {rule.precondition.text}", warn=True)
+                # a rule that does not apply to this dialogue's metadata is not worth a warning
+                applies = rule.precondition.has_text_test or rule.precondition.meta is None
+                return skip(None, f"precondition never met: {rule.precondition.text}", warn=applies)
 
         if rule.auto:
             assert anchor is not None and anchor.turn is not None
@@ -780,6 +860,8 @@ __all__ = [
     "Verdict",
     "evaluate_rules",
     "evaluate_rules_async",
+    "checklist_item",
+    "checklist_rules",
     "load_rules",
     "decide",
     "keyword_hits",

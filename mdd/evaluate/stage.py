@@ -4,6 +4,7 @@
                              │   metrics, gates; mdd/evaluate/scoring.py)
                              │   → OUT/eval/turns/ (TURN_EVAL)  +  FAISS index of high-quality pairs → OUT/index/
                              └─ map_batches(_RuleRunner actors: rule judge) → OUT/eval/rules/ (RULE_RESULT)
+                                                      → OUT/eval/coverage/ (required items, ICD prefix x item)
     per-dialogue means + counts → OUT/eval/dialogues/ (DIALOGUE_EVAL);  summary → OUT/run.json["evaluate"]
 
 Outputs are collected in the driver (small at this scale), sorted and written under fixed names
@@ -23,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mdd.evaluate.coverage import coverage_summary, coverage_table, format_coverage
+from mdd.evaluate.rules import checklist_item
 from mdd.schema import DIALOGUE_EVAL, METRICS, RULE_RESULT, TURN_EVAL
 from mdd.evaluate.gates import reason_counts
 from mdd.evaluate.scoring import (  # noqa: F401 (ANSWERERS, exchanges_of: re-exported for readers of the stage)
@@ -118,6 +121,12 @@ def _write(table: pa.Table, dst: Store, folder: str, shard_rows: int = SHARD_ROW
 
 def _sorted(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.take(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys]))
+
+
+def _coverage(rules: pa.Table, out: Store) -> pa.Table:
+    """The required-items matrix from the checklist rules' rows and the dialogues' ICD codes."""
+    t = out.read_table(SYNTH, columns=["dialogue_id", "icd_code"])
+    return coverage_table(rules, dict(zip(t.column(0).to_pylist(), t.column(1).to_pylist())))
 
 
 def _dialogue_eval(turns: pa.Table, rules: pa.Table, case_of: dict[str, str]) -> pa.Table:
@@ -292,6 +301,8 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
 
     _write(turns, dst, "eval/turns")
     _write(rules, dst, "eval/rules")
+    coverage = _coverage(rules, out)
+    _write(coverage, dst, "eval/coverage")
     case_of = dict(zip(turns.column("dialogue_id").to_pylist(), turns.column("case_id").to_pylist()))
     dial = _dialogue_eval(turns, rules, case_of)
     _write(dial, dst, "eval/dialogues")
@@ -335,7 +346,7 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
                 else:
                     d["failed"] += 1
         for name, d in per_rule.items():
-            if d["skipped"]:
+            if d["skipped"] and checklist_item(name) is None:  # a checklist item applies to some diagnoses only
                 log.warning("rule %s skipped on %d of %d dialogues (reasons in eval/rules/)", name, d["skipped"],
                             d["rows"])
     summary = {
@@ -348,6 +359,7 @@ def _evaluate(cfg: Any, out: Store, shards: list[str], dst: Store, judge_engine:
         "metric_means": {m: _mean(turns.column(m)) for m in METRICS},
         "rules": per_rule,
         "rule_rows": int(rules.num_rows),
+        "coverage": coverage_summary(coverage),
         "skipped": {"dialogues_without_exchanges": int(n_dialogues - dial.num_rows)},
         "index": {"size": meta["size"], "dim": meta["dim"]},
         "embedder": ev.embedder if not ev.embedder_model else f"{ev.embedder}:{ev.embedder_model}",
@@ -391,7 +403,10 @@ def format_summary(s: dict) -> str:
     if s["rules"]:
         lines += ["", f"{'rule':<48}{'triggered':>10}{'passed':>8}{'failed':>8}{'skipped':>9}", "-" * 83]
         for name, d in sorted(s["rules"].items()):
+            if checklist_item(name) is not None:
+                continue  # summed up in the coverage matrix below
             lines.append(f"{name[:47]:<48}{d['triggered']:>10}{d['passed']:>8}{d['failed']:>8}{d['skipped']:>9}")
+    lines += format_coverage(s.get("coverage") or {})
     skipped = {k: v for k, v in s["skipped"].items() if v}
     if skipped:
         lines.append("skipped: " + ", ".join(f"{k}={v}" for k, v in skipped.items()))

@@ -1,9 +1,11 @@
 """The project's own knowledge, as YAML beside this file.
 
-- ``trees/{female,male}_{teen,adult,elderly}.yaml``: symptom inquiry trees (SCID-5 topics)
+- ``trees/{female,male}_{child,teen,adult,elderly}.yaml``: symptom inquiry trees (SCID-5 topics)
 - ``modules/*.yaml``: per-disorder modules attached under a tree node when their condition holds
-  (a module's top-level ``audience`` is the default of its nodes; see ``mdd.tree.AUDIENCES``)
-- ``graphs/{female,male}_{teen,adult,elderly}.yaml``: experience knowledge graphs (time, people, events)
+  or the checklist names them for the case's diagnosis (a module's top-level ``audience`` is the
+  default of its nodes; see ``mdd.tree.AUDIENCES``)
+- ``checklists.yaml``: must-ask items per ICD prefix (read by the agenda and by the rule judge)
+- ``graphs/{female,male}_{child,teen,adult,elderly}.yaml``: experience knowledge graphs (time, people, events)
 - ``personas.yaml``: doctor personas
 - ``rules/*.yaml``, ``lexicons.yaml``: the evaluation stage's rule sets and lexicons
 """

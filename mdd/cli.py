@@ -7,7 +7,7 @@ import sys
 COMMANDS = {
     "synthesize": ("jobs.synthesize", "synthesize dialogues from patient cases"),
     "evaluate": ("jobs.evaluate", "run the evaluation stage over OUT/synth"),
-    "run": ("jobs.run", "synthesize, then evaluate (the main job)"),
+    "run": ("jobs.run", "synthesize, evaluate, report and card (the main job; --rounds N closes the exemplar loop)"),
     "report": ("jobs.report", "rebuild a run's report (HTML + PNG) and dataset card"),
     "export": ("jobs.export", "fine-tuning export: chat messages (sft) or ShareGPT, filtered by the evaluation"),
     "search": ("jobs.search", "nearest question-answer pairs in the FAISS index"),

@@ -100,6 +100,24 @@ class InterviewConfig(_Frozen):
     min_exchanges: int = Field(10, ge=1, description="the length target is at least this")
 
 
+class ExemplarConfig(_Frozen):
+    """Exemplar retrieval: before the doctor asks about a topic, the best question-answer pairs on that
+    topic from an earlier run's index are shown to it as examples of good questions."""
+
+    index: str | None = Field(None, description="a run folder (or URI) whose index/ holds the high-quality pairs, "
+                              "e.g. an earlier run's OUT; None: no exemplars")
+    k: int = Field(2, ge=1, le=8, description="exemplars per topic")
+    candidates: int = Field(64, ge=1, description="nearest pairs fetched before the filters")
+    per_case: int = Field(1, ge=1, description="diversity: at most this many exemplars from any one source case")
+    min_score: float = Field(0.0, ge=-1.0, le=1.0, description="leave out pairs less similar than this (cosine)")
+    answer_chars: int = Field(60, ge=0, description="each exemplar's answer is cut to this many characters (the "
+                              "question is what the doctor learns from; the answer shows it was answered)")
+    followups: bool = Field(False, description="also before follow-up questions (default: a topic's first question)")
+    keep_in_history: bool = Field(True, description="the exemplars stay in the doctor's history with the turn's "
+                                  "instruction (every later prompt extends the one that carried them: computed "
+                                  "once); False drops them after the turn, which breaks the cached prefix there")
+
+
 class DialogueConfig(_Frozen):
     max_exchanges_per_topic: int = Field(3, ge=1, description="hard cap, whatever IsTopicEnd says")
     max_exchanges: int = Field(60, ge=10, description="IsDialEnd's hard cap for a whole dialogue")
@@ -109,6 +127,7 @@ class DialogueConfig(_Frozen):
     dup_detect: bool = True
     sampling: SamplingConfig = SamplingConfig()
     interview: InterviewConfig = InterviewConfig()
+    exemplars: ExemplarConfig = ExemplarConfig()
 
 
 class SynthConfig(_Frozen):

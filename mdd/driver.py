@@ -60,8 +60,11 @@ class DialogueWorker:
     def __init__(self, cases: dict[str, Case], engine: EngineBase, cfg: DialogueConfig, run_seed: int):
         from mdd.dialogue import ops
 
+        from mdd.dialogue.exemplars import ExemplarRetriever
+
         self.cases, self.engine, self.cfg, self.run_seed = cases, engine, cfg, run_seed
         self.personas = ops.all_personas()
+        self.exemplars = ExemplarRetriever.maybe(cfg.exemplars)  # the index loads once per worker
 
     async def run(self, case_id: str, variant: int) -> dict[str, Any]:
         from mdd.dialogue import ops
@@ -71,7 +74,8 @@ class DialogueWorker:
         try:
             persona = ops.choose_persona(self.personas, self.run_seed, case_id, variant)
             triple = ops.sample_triples(case, self.run_seed, variant + 1)[variant]
-            row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple)
+            row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple,
+                                           self.exemplars)
         except EngineError as exc:
             return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
         except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
@@ -198,6 +202,10 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     cases, rejects = load_cases(sc.cases, deid)  # CaseFileError: the path holds no case file
     if sc.limit:
         cases = cases[: sc.limit]
+    if sc.dialogue.exemplars.index:
+        from mdd.dialogue.exemplars import check_index
+
+        check_index(sc.dialogue.exemplars)  # ExemplarError propagates: say so before any work
     held, quarantined = dialogue_shards(out, quarantine=True)  # ShardError propagates: a foreign file in synth/
     write_rejects(out, rejects)
     write_cases(out, cases)

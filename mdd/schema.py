@@ -14,6 +14,7 @@ TURN = pa.struct(
         # patient turns: the case-record fields the answer was grounded on ("现病史", "精神检查.情感");
         # null for other turns and for dialogues made elsewhere
         pa.field("grounding", pa.list_(pa.string())),
+        pa.field("exemplars", pa.list_(pa.int64())),  # doctor turns: ids (index sidecar) of the exemplars it saw
     ]
 )
 
@@ -60,6 +61,7 @@ DIALOGUE = pa.schema(
         pa.field("topic_ids", pa.list_(pa.string())),  # the ids of `topics` (tree / module / experience ids)
         pa.field("required_items", pa.list_(pa.string())),  # the checklist items the case's diagnoses require
         pa.field("items_asked", pa.list_(pa.string())),  # those of them the doctor asked
+        pa.field("exemplar_index", pa.string()),  # the run whose index/ the turns' exemplar ids point into
     ]
 )
 

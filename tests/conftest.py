@@ -77,3 +77,21 @@ def sample_run():
 
     asyncio.run(run_all())
     return {"cases": {c.case_id: c for c in cases}, "rows": rows}
+
+
+@pytest.fixture(scope="session")
+def main_run(ray_session, tmp_path_factory) -> Path:
+    """The main job (jobs.run) on 6 sample cases x 2 variants, two rounds: round 1 in OUT/rounds/1/,
+    round 2 (exemplars from round 1's index) in OUT, with its report and dataset card."""
+    import json
+
+    from jobs.run import main as run_main
+
+    tmp = tmp_path_factory.mktemp("main-run")
+    cases = tmp / "cases.json"
+    samples = json.loads((REPO / "data" / "cases" / "sample_cases.json").read_text(encoding="utf-8"))
+    cases.write_text(json.dumps(samples[:6], ensure_ascii=False), encoding="utf-8")
+    out = tmp / "out"
+    assert run_main(["--config", str(REPO / "configs" / "local.yaml"), "--cases", str(cases), "--out", str(out),
+                     "--variants", "2", "--rounds", "2", "--no-progress"]) == 0
+    return out

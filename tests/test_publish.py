@@ -17,24 +17,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MDD5K = ROOT.parent / "shared" / "mdd5k"
-SAMPLES = ROOT / "data" / "cases" / "sample_cases.json"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
-def run(ray_session, tmp_path_factory):
-    """The main job (jobs.run) on 6 sample cases × 2 variants."""
-    from jobs.run import main as run_main
-
-    tmp = tmp_path_factory.mktemp("publish")
-    cases = tmp / "cases.json"
-    cases.write_text(json.dumps(json.loads(SAMPLES.read_text(encoding="utf-8"))[:6], ensure_ascii=False),
-                     encoding="utf-8")
-    out = tmp / "out"
-    assert run_main(["--config", str(ROOT / "configs" / "local.yaml"), "--cases", str(cases), "--out", str(out),
-                     "--variants", "2", "--no-progress"]) == 0
-    return out
+def run(main_run):
+    """The main job's output (conftest: 6 sample cases x 2 variants, the second of two rounds)."""
+    return main_run
 
 
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:

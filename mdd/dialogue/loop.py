@@ -20,6 +20,7 @@ from mdd.config import DialogueConfig
 from mdd.dialogue import ops
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
+from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
 from mdd.dialogue.patient import PatientRole, choose_style
 from mdd.evaluate.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
@@ -63,8 +64,9 @@ class Dialogue:
     """One dialogue's state machine. ``await Dialogue(...).run()`` returns its table row."""
 
     def __init__(self, case: Case, variant: int, run_seed: int, engine: EngineBase, cfg: DialogueConfig,
-                 persona: ops.Persona, triple: tuple[str, str, str]):
+                 persona: ops.Persona, triple: tuple[str, str, str], exemplars: ExemplarRetriever | None = None):
         self.case, self.variant, self.engine, self.cfg = case, variant, engine, cfg
+        self.exemplars = exemplars
         self.persona, self.triple = persona, triple
         self.id = ops.dialogue_id(case.case_id, variant)
         self.seed = ops.derive_seed(run_seed, case.case_id, variant)
@@ -239,14 +241,21 @@ class Dialogue:
         self.empathy = empathy = ops.empath_gen(self.persona, last_answer)
         instruction = ops.prompt_gen(self.persona, self.topic, followup=self.followup, new_topic=self.new_topic,
                                      empathy=empathy, reask=self.reask)
+        shown = []
+        if self.exemplars is not None and (not self.followup or self.cfg.exemplars.followups):
+            shown = self.exemplars.pick(self.case.case_id, self.topic.topic, self.topic.ask, last_answer)
+        asked = instruction + instruction_block(shown, self.cfg.exemplars.answer_chars)
         self.question = await ops.doc_gen(
-            self.call, self.doctor_view(), instruction, self.sp_doctor,
+            self.call, self.doctor_view(), asked, self.sp_doctor,
             {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,
              "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind,
-             "reask": self.reask, "empathic": self.persona.empathy, "lay_topic": self.patient.lay.topic(self.topic)},
+             "reask": self.reask, "empathic": self.persona.empathy, "lay_topic": self.patient.lay.topic(self.topic),
+             "exemplars": [{"topic": e.topic, "question": e.question} for e in shown]},
         )
         self.reask = False
-        self._say("doctor", self.question, self.topic.topic, instruction)
+        self._say("doctor", self.question, self.topic.topic, asked if self.cfg.exemplars.keep_in_history else instruction)
+        if shown:
+            self.turns[-1]["exemplars"] = [e.id for e in shown]
         return Phase.ANSWER
 
     async def _answer(self) -> Phase:
@@ -325,11 +334,13 @@ class Dialogue:
             "topic_ids": list(self.topic_ids),
             "required_items": self.agenda.required_items if self.agenda is not None else [],
             "items_asked": self.agenda.items_asked(self.topic_ids) if self.agenda is not None else [],
+            "exemplar_index": self.exemplars.source if self.exemplars is not None else None,
         }
 
 
 async def run_dialogue(case: Case, variant: int, run_seed: int, engine: EngineBase, cfg: DialogueConfig,
-                       persona: ops.Persona, triple: tuple[str, str, str]) -> tuple[dict[str, Any], Accounting]:
-    d = Dialogue(case, variant, run_seed, engine, cfg, persona, triple)
+                       persona: ops.Persona, triple: tuple[str, str, str],
+                       exemplars: ExemplarRetriever | None = None) -> tuple[dict[str, Any], Accounting]:
+    d = Dialogue(case, variant, run_seed, engine, cfg, persona, triple, exemplars)
     row = await d.run()
     return row, d.acct

@@ -66,6 +66,10 @@ DOC_REASK = "【下一步】患者对「{topic}」的回答有些含糊或回避
 REASK_GENTLE = "先表示理解（很多人一开始都不太愿意谈这个），再换一种更温和、具体的问法问一次。"
 REASK_PLAIN = "换一种更具体的问法再问一次，可以问成有没有、是不是的问题。"
 DOC_TRANSITION = "自然地过渡到新话题，"
+# exemplars (mdd/dialogue/exemplars.py): appended to a topic's instruction, so they stay in the
+# doctor's history with it and every later prompt extends the one that carried them
+DOC_EXEMPLARS = "\n【参考】其他问诊中就这个话题问得好的例子，只参考提问的方式，不要照搬内容：\n{items}"
+DOC_EXEMPLAR_ITEM = "{n}. 医生：{question}\n   患者：{answer}"
 DOC_EXPLAIN = "提问时用通俗的话简单解释一下为什么要问这个。"
 
 PAT_OPENING = "【回答要求】医生请你说说这次为什么来看病。用自己的话说说最让你难受的一两件事。这次最多说{budget}个字。"

@@ -71,6 +71,10 @@ class ScriptedEngine(EngineBase):
             lead = rng.choice(_LEADS)
             if ctx.get("kind") == "experience":
                 parts.append(f"你刚才提到{topic}，能具体讲讲当时发生了什么、你现在怎么看这件事吗？")
+            elif any(e.get("topic") == topic for e in ctx.get("exemplars") or []):
+                # asks the way the best-scored earlier question on this topic did (its question sentence)
+                q = next(e["question"] for e in ctx["exemplars"] if e.get("topic") == topic)
+                parts.append([x for x in re.split(r"(?<=[。！])", q) if x.strip()][-1])
             elif fast or not ask:
                 parts.append(f"{lead}{topic}方面，最近怎么样？")
             else:

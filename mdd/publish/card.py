@@ -40,7 +40,7 @@ COLUMN_DOCS = {
     "experience": "the patient's fictitious past experience, as told",
     "experience_triple": "the experience's (time, people, event)",
     "topics": "the topics the doctor asked, in order",
-    "turns": "the dialogue: list of {speaker, text, topic}; the last doctor turn gives the diagnosis",
+    "turns": "the dialogue: list of {speaker, text, topic, exemplars}; the last doctor turn gives the diagnosis",
     "icd_code": "label: ICD-10 code(s) of the case, comma-separated",
     "diagnosis": "label: the case's diagnosis",
     "treatment": "label: the case's treatment plan",
@@ -53,6 +53,7 @@ COLUMN_DOCS = {
     "turn": "the exchange's index in its dialogue", "question": "the doctor's question", "answer": "the patient's answer",
     "high_quality": "the evaluator's high-quality decision", "rule": "rule id", "triggered": "the rule applied",
     "score": "1 passed, 0 failed, null when not triggered", "reason": "why", "kwargs": "JSON evidence",
+    "exemplar_index": "the run whose index/qa.parquet the turns' exemplar ids point into (null: none shown)",
     "messages": "chat messages: system, then the doctor as `assistant` and the patient as `user`",
     "conversations": "ShareGPT turns: `system`, `human` (patient), `gpt` (doctor)",
 }
@@ -216,6 +217,10 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
         "cases": (conf.get("synth") or {}).get("cases"),
         "variants per case": (conf.get("synth") or {}).get("variants"),
         "run seed": (conf.get("synth") or {}).get("seed"),
+        "exemplars": ((((conf.get("synth") or {}).get("dialogue") or {}).get("exemplars") or {}).get("index")
+                      and "the doctor saw high-quality question–answer pairs of "
+                          f"`{conf['synth']['dialogue']['exemplars']['index']}` before each topic "
+                          "(ids in `turns[].exemplars`)"),
         "evaluation": (f"embedder `{ev.get('embedder')}`, judge `{ev.get('judge')}`, faithfulness "
                        f"`{ev.get('faithfulness')}`, high-quality threshold {ev.get('threshold')}") if ev else None,
         "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) or None,

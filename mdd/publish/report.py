@@ -356,6 +356,28 @@ def _problems(ctx: Context) -> Panel:
     return Panel(figures=figs, blocks=blocks)
 
 
+@panel("exemplars", "Exemplars shown to the doctor")
+def _exemplars(ctx: Context) -> Panel:
+    index = [x for x in (ctx.run.column("synth", "exemplar_index") or []) if x]
+    if not index:
+        raise NotAvailable("this run's doctor saw no exemplars (synth.dialogue.exemplars.index, --exemplars, "
+                           "mdd run --rounds 2)")
+    counts: Counter = Counter()
+    doctor = 0
+    for turns in ctx.run.column("synth", "turns") or []:
+        for t in turns or []:
+            if t and t.get("speaker") == "doctor":
+                doctor += 1
+                counts[len(t.get("exemplars") or [])] += 1
+    shown = doctor - counts[0]
+    fig = plots.barh({f"{k} exemplars": v for k, v in sorted(counts.items())}, title="Exemplars per doctor turn",
+                     xlabel="doctor turns")
+    return Panel(figures=[("exemplars", fig)], blocks=[note(
+        f"{shown:,} of {doctor:,} doctor turns saw exemplars ({shown / max(doctor, 1):.0%}), from the index of "
+        f"{', '.join(sorted(set(index)))}; each turn's ids (turns[].exemplars) point into that run's "
+        "index/qa.parquet.")])
+
+
 SHOWN_SECTIONS = {"synthesize", "evaluate", "report"}
 
 

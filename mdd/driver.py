@@ -59,7 +59,6 @@ class DialogueWorker:
 
     def __init__(self, cases: dict[str, Case], engine: EngineBase, cfg: DialogueConfig, run_seed: int):
         from mdd.dialogue import ops
-
         from mdd.dialogue.exemplars import ExemplarRetriever
 
         self.cases, self.engine, self.cfg, self.run_seed = cases, engine, cfg, run_seed

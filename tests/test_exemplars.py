@@ -142,11 +142,11 @@ def test_comparison_reports_with_and_without(ray_session, tmp_path):
     from mdd.perf.exemplars import exemplar_comparison
 
     cfg = load_config(ROOT / "configs" / "local.yaml", {"synth.num_workers": 1})
-    res = exemplar_comparison(cfg, ScriptedEngine(), str(tmp_path), limit=4, variants=1)
+    res = exemplar_comparison(cfg, ScriptedEngine(), str(tmp_path), limit=2, variants=1)
     ph = res["phases"]
     assert set(ph) == {"without", "with", "with_dropped"}
     assert ph["without"]["exemplars_shown"] == 0 and ph["with"]["doctor_turns_with_exemplars"] > 0
-    assert ph["with"]["dialogues"] == ph["without"]["dialogues"] == 4
+    assert ph["with"]["dialogues"] == ph["without"]["dialogues"] == 2
     for name in ("with", "with_dropped"):
         c = res["compared"][name]
         assert c["doctor_quality_minus_without"] == pytest.approx(ph[name]["doctor_quality"] - ph["without"]["doctor_quality"], abs=1e-3)

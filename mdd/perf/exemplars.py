@@ -92,6 +92,8 @@ def run_phase(cfg: Config, engine: Any) -> dict[str, Any]:
     if d.get("prefix_cache_queries"):
         q, h = d["prefix_cache_queries"], d.get("prefix_cache_hits", 0.0)
         out.update({"prefix_cache_queries": q, "prefix_cache_hits": h, "uncached_prompt_tokens": q - h,
+                    # dialogues differ in length from phase to phase (vLLM's CPU build drops seeds): per exchange
+                    "uncached_prompt_tokens_per_exchange": round((q - h) / max(1, s["counts"]["exchanges_run"]), 1),
                     "prefix_cache_hit_rate": round(h / q, 4), "counters": "vLLM prefix_cache_queries/hits"})
     return out
 
@@ -109,7 +111,8 @@ def exemplar_comparison(cfg: Config, engine: Any, work: str, *, limit: int | Non
     for name in ("with", "with_dropped"):
         p = phases[name]
         r: dict[str, float | None] = {}
-        for key in ("prompt_tokens", "uncached_prompt_tokens", "doctor_prompt_tokens_per_dialogue"):
+        for key in ("prompt_tokens", "uncached_prompt_tokens", "uncached_prompt_tokens_per_exchange",
+                    "doctor_prompt_tokens_per_dialogue"):
             if p.get(key) is not None and base.get(key):
                 r[f"{key}_vs_without"] = round(p[key] / base[key], 4)
         for key in ("doctor_quality", "high_quality_share", "rule_pass_rate", "prefix_cache_hit_rate"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 from mdd.dialogue.ops import short_point, triple_phrase

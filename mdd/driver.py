@@ -201,10 +201,12 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     cases, rejects = load_cases(sc.cases, deid)  # CaseFileError: the path holds no case file
     if sc.limit:
         cases = cases[: sc.limit]
-    if sc.dialogue.exemplars.index:
-        from mdd.dialogue.exemplars import check_index
+    if sc.dialogue.exemplars.index:  # ExemplarError propagates: say so before any work
+        from mdd.dialogue.exemplars import resolve_index
 
-        check_index(sc.dialogue.exemplars)  # ExemplarError propagates: say so before any work
+        ex = resolve_index(sc.dialogue.exemplars)
+        sc = sc.model_copy(update={"dialogue": sc.dialogue.model_copy(update={"exemplars": ex})})
+        cfg = cfg.model_copy(update={"synth": sc})
     held, quarantined = dialogue_shards(out, quarantine=True)  # ShardError propagates: a foreign file in synth/
     write_rejects(out, rejects)
     write_cases(out, cases)

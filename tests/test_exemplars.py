@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mdd.config import ExemplarConfig, load_config
-from mdd.dialogue.exemplars import ExemplarError, ExemplarRetriever, check_index
+from mdd.dialogue.exemplars import ExemplarError, ExemplarRetriever, resolve_index
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_never_the_same_case_same_topic_first_one_per_case(index_dir):
 
 def test_missing_index_is_a_clear_error(tmp_path):
     with pytest.raises(ExemplarError, match=r"synth\.dialogue\.exemplars\.index: .*qa\.faiss not found"):
-        check_index(ExemplarConfig(index=str(tmp_path)))
+        resolve_index(ExemplarConfig(index=str(tmp_path)))
     from jobs.synthesize import main as synth_main
 
     assert synth_main(["--out", str(tmp_path / "o"), "--exemplars", str(tmp_path), "--limit", "1",

@@ -36,10 +36,13 @@ class ExemplarError(ValueError):
     pass
 
 
-def check_index(cfg: ExemplarConfig) -> int:
-    """The index's size; ``ExemplarError`` naming the key when it cannot be used (before a run starts)."""
+def resolve_index(cfg: ExemplarConfig) -> ExemplarConfig:
+    """``cfg`` with ``index`` as an absolute path (or the URI), checked: ``ExemplarError`` naming the key
+    when the index cannot be used. Run in the driver before any work (dialogue workers open it)."""
+    import os
+
     from mdd.index import INDEX_DIR, INDEX_FILE, META_FILE
-    from mdd.storage import StorageError, open_store
+    from mdd.storage import StorageError, is_uri, open_store
 
     try:
         store = open_store(cfg.index)
@@ -47,11 +50,11 @@ def check_index(cfg: ExemplarConfig) -> int:
             if not store.is_file(f"{INDEX_DIR}/{name}"):
                 raise ExemplarError(f"synth.dialogue.exemplars.index: {store.display(INDEX_DIR + '/' + name)} not found "
                                     "(run the evaluation there first: it writes the index)")
-        return int(store.read_json(f"{INDEX_DIR}/{META_FILE}").get("size", 0))
+    except ExemplarError:
+        raise
     except (StorageError, OSError, ValueError) as exc:
-        if isinstance(exc, ExemplarError):
-            raise
         raise ExemplarError(f"synth.dialogue.exemplars.index: {cfg.index}: {exc}") from exc
+    return cfg.model_copy(update={"index": cfg.index if is_uri(cfg.index) else os.path.abspath(cfg.index)})
 
 
 class ExemplarRetriever:

@@ -35,7 +35,8 @@ def test_flat_layout_imports_every_dialogue_once(tmp_path, capsys):
     assert r["topics"] == []
     conv = json.loads((MDD5K / "dialogues" / "patient_1.json").read_text(encoding="utf-8"))[0]["conversation"]
     assert r["turns"][0] == {"speaker": "doctor", "text": conv[0]["doctor"].strip(), "topic": None,
-                             "grounding": None}  # no record behind an imported turn
+                             "grounding": None,  # no record behind an imported turn
+                             "exemplars": None}  # nor exemplars
     assert r["n_exchanges"] == sum(1 for ex in conv if ex.get("doctor") and ex.get("patient"))
     assert all(x["speaker"] in ("doctor", "patient") for x in r["turns"])
     # sorted by case number, then variant

@@ -282,7 +282,12 @@ def _metrics(ctx: Context) -> Panel:
                                                   xlabel="exchanges")))
     validity = ev.get("validity")
     blocks.append("<h3>Validity self-check</h3>")
-    if validity:
+    if isinstance(validity, Mapping) and isinstance(validity.get("recipes"), Mapping):
+        blocks.append(kv_table({k: v for k, v in validity.items() if k != "recipes"}))
+        blocks.append(note("Per control recipe: the share of its exchanges judged high quality and, per metric, "
+                           "the AUC of real against control exchanges (0.5: no separation)."))
+        blocks.append(mapping_block(validity["recipes"]))
+    elif validity:
         blocks.append(mapping_block(validity))
     if ctx.run.validity is not None:
         blocks.append(html_table(ctx.run.validity.to_pylist(), limit=60))

@@ -12,6 +12,7 @@ COMMANDS = {
     "export": ("jobs.export", "fine-tuning export: chat messages (sft) or ShareGPT, filtered by the evaluation"),
     "search": ("jobs.search", "nearest question-answer pairs in the FAISS index"),
     "import-mdd5k": ("jobs.import_mdd5k", "import MDD-5k-format dialogues as a dialogue table"),
+    "compare": ("jobs.compare", "a run against a reference corpus: length, speaker, topic and n-gram distances, FBD"),
     "benchmark": ("jobs.benchmark", "throughput, engine utilisation and prefix-cache figures"),
     "build-tiny-model": ("jobs.build_tiny_model", "build the tiny random-weight model for CPU runs"),
 }

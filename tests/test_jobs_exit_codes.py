@@ -114,22 +114,26 @@ def test_strict_makes_a_partial_run_exit_3(ray_session, tmp_path, capsys):
 def test_ctrl_c_exits_130_keeps_finished_dialogues_and_the_rerun_completes(tmp_path):
     base = json.loads(SAMPLES.read_text(encoding="utf-8"))
     cases = []
-    for i in range(20):
+    for i in range(40):
         c = copy.deepcopy(base[i % len(base)])
         c["患者"] = f"C{i:02d}"
         cases.append(c)
-    f = tmp_path / "twenty.json"
+    f = tmp_path / "forty.json"
     f.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+    # Small shards, so that the interrupt lands with most of the run still to do however fast the machine
+    # (with two shards of 50 a quick machine had finished the second within the wait).
+    config = tmp_path / "small-shards.yaml"
+    config.write_text((ROOT / "configs" / "local.yaml").read_text(encoding="utf-8").replace(
+        "shard_size: 50", "shard_size: 5"), encoding="utf-8")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "jobs.synthesize", "--cases", str(f), "--out", str(out), "--no-progress",
-           "--in-flight", "4"]
+    cmd = [sys.executable, "-m", "jobs.synthesize", "--config", str(config), "--cases", str(f), "--out", str(out),
+           "--no-progress", "--in-flight", "2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and not list((out / "synth").glob("*.parquet")):
         assert proc.poll() is None, "the run ended before its first shard"
         time.sleep(0.05)
-    time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
     try:
         _, stderr = proc.communicate(timeout=60)
@@ -139,10 +143,10 @@ def test_ctrl_c_exits_130_keeps_finished_dialogues_and_the_rerun_completes(tmp_p
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "interrupted:" in stderr
     kept = pl.read_parquet(out / "synth" / "*.parquet")
-    assert 50 <= kept.height < 100 and kept["dialogue_id"].n_unique() == kept.height
+    assert 5 <= kept.height < 200 and kept["dialogue_id"].n_unique() == kept.height
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))["synthesize"]
     assert run["interrupted"] is True and run["counts"]["dialogues_in_output"] == kept.height
     rerun = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     df = pl.read_parquet(out / "synth" / "*.parquet")
-    assert df.height == 100 and df["dialogue_id"].n_unique() == 100
+    assert df.height == 200 and df["dialogue_id"].n_unique() == 200

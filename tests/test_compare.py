@@ -112,6 +112,15 @@ def test_distance_known_answers():
     assert C.distinct_n("好好好好", 1) == 0.25 and C.distinct_n("，。", 1) is None
 
 
+def test_release_layout_is_read_in_place(tmp_path):
+    """The release's own layout (MDD_5k/ + Label/), as the held-out corpus comes: links to the
+    shared slice's folders, nothing copied."""
+    (tmp_path / "MDD_5k").symlink_to(MDD5K / "dialogues", target_is_directory=True)
+    (tmp_path / "Label").symlink_to(MDD5K / "labels", target_is_directory=True)
+    rows, layout = C.load_dialogues(str(tmp_path))
+    assert layout == "MDD-5k release" and len(rows) == 100 and all(r["icd_code"] for r in rows)
+
+
 def test_bad_reference_is_one_line(tmp_path, corpus, capsys):
     out = write_run(tmp_path / "run", corpus[:3])
     assert cli(["compare", "--out", str(out), "--reference", str(tmp_path / "nothing")]) == 2

@@ -395,7 +395,7 @@ def _roll_forward(store: Store, area: str, manifest: dict[str, Any]) -> None:
 
 def _drop_area(store: Store, area: str) -> None:
     store.delete(area)
-    if store.local and not store.files(STAGING, recursive=True):
+    if not store.files(STAGING, recursive=True):  # (object stores keep empty "folder" markers)
         store.delete(STAGING)
 
 

@@ -7,6 +7,11 @@ session and only when a test asks for ``vllm_engine``.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -95,3 +100,45 @@ def main_run(ray_session, tmp_path_factory) -> Path:
     assert run_main(["--config", str(REPO / "configs" / "local.yaml"), "--cases", str(cases), "--out", str(out),
                      "--variants", "2", "--rounds", "2", "--no-progress"]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API on 127.0.0.1 (moto's standalone server, from the dev extra) for the whole
+    session; the AWS variables point this process (and the subprocesses it starts) at it.
+    Yields ``new_uri()``: a fresh ``s3://bucket/prefix`` per call."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "moto server did not start"
+                time.sleep(0.2)
+        import pyarrow.fs as pafs
+
+        fs = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir("mdd-test")
+
+        def new_uri() -> str:
+            return f"s3://mdd-test/{uuid.uuid4().hex[:12]}"
+
+        yield new_uri
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

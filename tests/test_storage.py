@@ -1,6 +1,6 @@
-"""The storage layer (mdd/storage.py): whole-or-nothing files, staged stages that commit or change
-nothing, roll-forward of an interrupted commit, quarantine of unreadable shards, refusal of
-foreign files."""
+"""The storage layer (mdd/storage.py), on a local disk and on a real S3 API (moto on 127.0.0.1):
+whole-or-nothing files, staged stages that commit or change nothing, roll-forward of an
+interrupted commit, quarantine of unreadable shards, refusal of foreign files."""
 from __future__ import annotations
 
 import logging
@@ -12,9 +12,18 @@ from mdd import storage
 from mdd.storage import ShardError, StageFailed, Store, StorageError, dialogue_shards
 
 
+@pytest.fixture(params=["local", "s3"])
+def new_store(request, tmp_path):
+    """``new_store(name)``: an empty output root of the kind under test."""
+    if request.param == "local":
+        return lambda name="out": Store(tmp_path / name)
+    new_uri = request.getfixturevalue("s3_server")
+    return lambda name="out": Store(new_uri())
+
+
 @pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(tmp_path / "out")
+def store(new_store) -> Store:
+    return new_store()
 
 
 def _snapshot(store: Store) -> dict[str, bytes]:
@@ -101,16 +110,16 @@ def test_validation_refuses_a_file_that_does_not_read_back(store):
     assert _snapshot(store) == before
 
 
-def test_interrupted_commit_is_rolled_forward_by_the_next_run(tmp_path, monkeypatch):
+def test_interrupted_commit_is_rolled_forward_by_the_next_run(new_store, monkeypatch):
     """A crash at every step after the commit point: the next run of the stage finishes it."""
-    clean = Store(tmp_path / "clean")
+    clean = new_store("clean")
     _previous(clean)
     with clean.staged("evaluate", ("eval", "index")) as st:
         _stage_body(st)
     expected = _snapshot(clean)
     steps = 0
     for crash_at in range(1, 30):
-        store = Store(tmp_path / f"crash{crash_at}")
+        store = new_store(f"crash{crash_at}")
         _previous(store)
         calls = {"n": 0}
 

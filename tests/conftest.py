@@ -6,6 +6,7 @@ session and only when a test asks for ``vllm_engine``.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -19,10 +20,24 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _restore_root_logging():
+    """The jobs' ``main()`` configure logging as a command line should (``logging.basicConfig``);
+    called in-process, that binds the root logger to one test's captured stream, and later log
+    records (Ray Data's too) would fail against the closed stream. Undo it after each test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray (2 CPUs, no dashboard); reuses one that is already running."""
     import ray
+    import ray.data  # noqa: F401 - now: its log handler binds sys.stderr when first imported, and a
+    # first import inside a capsys test would bind that test's stream, closed for every later test
     started = False
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)

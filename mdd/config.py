@@ -50,6 +50,9 @@ class VLLMOptions(_Frozen):
     cpu_threads_min_batch: int = Field(16, ge=1, description="requests in flight that switch to cpu_threads; "
                                        "back to one thread at half of it")
     extra: dict[str, Any] = Field(default_factory=dict, description="passed to AsyncEngineArgs as is")
+    hosted: Literal["scripted"] | None = Field(None, description="host this in-process engine in each engine "
+                                               "actor instead of vLLM: the same placement (one actor per GPU), "
+                                               "routing and failure handling, no model (a cluster dry run)")
     startup_timeout_s: float = Field(900.0, gt=0, description="wait this long for the engines to be ready")
     stats_refresh_s: float = Field(5.0, gt=0, description="how often a pool client refreshes engine load")
 

@@ -90,8 +90,11 @@ class DialogueWorker:
             "cached_tokens": acct.cached_tokens,
         }
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> str:
+        """The node this worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def engine_metrics(self) -> dict[str, float]:
         """This worker's engine counters (collected before the worker is killed)."""
@@ -229,6 +232,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     failures: list[dict[str, Any]] = []
     engine_metrics: dict[str, float] = {}
     interrupted = False
+    worker_nodes: list[str] = []
     if todo:
         own_engine = engine is None
         if own_engine:
@@ -244,9 +248,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
             except EngineError as exc:
                 raise RunRefused(f"engine {cfg.engine.name}: {exc}") from None
         try:
-            worker_metrics, interrupted = _fan_out(cfg, cases, engine, work, stats, failures, out, progress,
-                                                   initial=len(items) - len(todo), total=len(items),
-                                                   shard_meta=provenance.shard_metadata(comp))
+            worker_metrics, interrupted, worker_nodes = _fan_out(
+                cfg, cases, engine, work, stats, failures, out, progress, initial=len(items) - len(todo),
+                total=len(items), shard_meta=provenance.shard_metadata(comp))
             own_counters = {} if interrupted else engine.metrics()  # e.g. vLLM's actors; not asked after Ctrl-C
             engine_metrics = add_metrics(own_counters, *worker_metrics)
         finally:
@@ -291,6 +295,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         "speech": stats.speech.summary(),  # jargon share, repeated doctor openers, patient turn lengths, styles
         "engine": {"name": cfg.engine.name if engine is None else engine.name,
                    "model": cfg.engine.model if engine is None else engine.model, "metrics": engine_metrics},
+        # the Ray node of each dialogue worker as started, and of each engine actor
+        "placement": {"dialogue_workers": worker_nodes,
+                      "engines": [i.get("node") for i in getattr(engine, "launch_info", None) or []]},
     }
     out.update_run_json("synthesize", summary)
     if not cases:
@@ -316,24 +323,26 @@ def report_interview(out: Store, cases: list[Case]) -> dict[str, Any]:
 
 def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[Item]], stats: RunStats,
              failures: list[dict[str, Any]], out: Store, progress: bool, initial: int, total: int,
-             shard_meta: dict[str, str]) -> tuple[list[dict[str, float]], bool]:
-    """Runs the work on dialogue workers; returns each worker's engine counters and whether the run
+             shard_meta: dict[str, str]) -> tuple[list[dict[str, float]], bool, list[str]]:
+    """Runs the work on dialogue workers; returns each worker's engine counters, whether the run
     was interrupted (Ctrl-C: the finished dialogues of unfinished shards are written as shards of
-    their own, named by their ids, so a rerun still writes every dialogue exactly once)."""
+    their own, named by their ids, so a rerun still writes every dialogue exactly once) and the node
+    of each worker as started."""
     import ray
     from tqdm import tqdm
 
     sc = cfg.synth
     by_id = {c.case_id: c for c in cases}
     per_worker = max(1, math.ceil(sc.in_flight / sc.num_workers))
-    Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per_worker)
+    # spread over the cluster's nodes: losing one node then costs only its share of the dialogues
+    Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per_worker, scheduling_strategy="SPREAD")
     cases_ref = ray.put(by_id)
 
     def new_worker() -> Any:
         return Worker.remote(cases_ref, engine, sc.dialogue, sc.seed)
 
     workers = [new_worker() for _ in range(sc.num_workers)]
-    ray.get([w.ready.remote() for w in workers])
+    nodes = ray.get([w.ready.remote() for w in workers])
 
     shard_of: dict[str, int] = {}
     pending_rows: dict[int, list[dict[str, Any]]] = {}
@@ -433,7 +442,7 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
         collected = _collect_worker_metrics(workers, timeout_s=2.0 if interrupted else 10.0)
         for w in workers:
             ray.kill(w)
-    return collected, interrupted
+    return collected, interrupted, nodes
 
 
 def _collect_worker_metrics(workers: list[Any], timeout_s: float = 10.0) -> list[dict[str, float]]:

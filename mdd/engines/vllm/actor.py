@@ -289,7 +289,8 @@ class EngineActor:
                                              trust_remote_code=bool(kwargs.get("trust_remote_code")))
 
     def ready(self) -> dict[str, Any]:
-        return {"index": self.index, "model": self.model, "start_s": self.start_s, "pid": os.getpid()}
+        return {"index": self.index, "model": self.model, "start_s": self.start_s, "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id()}
 
     def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -111,8 +111,14 @@ class VLLMPoolEngine(EngineBase):
     @classmethod
     def launch(cls, cfg: Any, actor_cls: Any = None) -> "VLLMPoolEngine":
         """Start ``cfg.vllm.num_engines`` engine actors (``actor_cls``, by default
-        :class:`EngineActor`) and wait until all are ready."""
+        :class:`EngineActor`) and wait until all are ready. ``cfg.vllm.hosted`` starts
+        :class:`mdd.engines.hosted.HostedEngineActor` s instead."""
         from mdd.engines.tiny_model import resolve_model
+
+        if actor_cls is None and getattr(cfg.vllm, "hosted", None):
+            from mdd.engines.hosted import HostedPoolEngine
+
+            return HostedPoolEngine.launch(cfg)
 
         if not ray.is_initialized():
             from mdd.config import RayConfig

@@ -20,27 +20,25 @@ import pyarrow as pa
 
 from mdd.mdd5k import read_mdd5k
 from mdd.schema import DIALOGUE, REJECT
-from mdd.storage import write_table
+from mdd.storage import open_store
 
 
-def import_mdd5k(dialogues_dir: Path, labels_dir: Path | None, out: Path, shard_size: int = 1000) -> dict:
+def import_mdd5k(dialogues_dir: Path, labels_dir: Path | None, out: str | Path, shard_size: int = 1000) -> dict:
     """Import every ``patient_N.json`` in ``dialogues_dir``; returns counts."""
-    out = Path(out)
+    out = open_store(out)
     rows, rejects, counts = read_mdd5k(dialogues_dir, labels_dir)
-    synth = out / "synth"
-    synth.mkdir(parents=True, exist_ok=True)
-    for old in synth.glob("mdd5k-*.parquet"):
-        old.unlink()
+    for old in out.files("synth", ".parquet"):
+        if old.startswith("mdd5k-"):
+            out.delete(f"synth/{old}")
     shards = 0
     for start in range(0, len(rows), shard_size):
         chunk = rows[start : start + shard_size]
-        write_table(pa.Table.from_pylist(chunk, schema=DIALOGUE), synth / f"mdd5k-{shards:05d}.parquet")
+        out.write_table(pa.Table.from_pylist(chunk, schema=DIALOGUE), f"synth/mdd5k-{shards:05d}.parquet")
         shards += 1
-    rej_path = out / "rejects.parquet"
     if rejects:
-        write_table(pa.Table.from_pylist(rejects, schema=REJECT), rej_path)
-    elif rej_path.exists():
-        rej_path.unlink()
+        out.write_table(pa.Table.from_pylist(rejects, schema=REJECT), "rejects.parquet")
+    else:
+        out.delete("rejects.parquet")
     return {**counts, "rejects": len(rejects), "shards": shards}
 
 
@@ -64,15 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.shard_size < 1:
         ap.error("--shard-size must be >= 1")
     try:
-        counts = import_mdd5k(dialogues, labels, Path(args.out), shard_size=args.shard_size)
+        counts = import_mdd5k(dialogues, labels, args.out, shard_size=args.shard_size)
     except FileNotFoundError as exc:
         print(f"import-mdd5k: {exc}", file=sys.stderr)
         return 2
     print(
         f"imported {counts['dialogues']} dialogues ({counts['exchanges']} exchanges) from "
         f"{counts['files_ok']}/{counts['files']} case files into {counts['shards']} shard(s) under "
-        f"{Path(args.out) / 'synth'}; {counts['rejects']} reject rows ({counts['duplicate_files']} duplicate files), "
-        f"{counts['unlabelled_cases']} case(s) without label"
+        f"{open_store(args.out).display('synth')}; {counts['rejects']} reject rows ({counts['duplicate_files']} "
+        f"duplicate files), {counts['unlabelled_cases']} case(s) without label"
     )
     return 0
 

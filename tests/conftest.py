@@ -99,6 +99,26 @@ def sample_run():
     return {"cases": {c.case_id: c for c in cases}, "rows": rows}
 
 
+@pytest.fixture
+def scaled_cases(tmp_path):
+    """``scaled_cases(n, prefix)``: a JSON file of ``n`` copies of the sample cases, ids prefix00, …"""
+    import copy
+    import json
+
+    def make(n: int, prefix: str) -> Path:
+        base = json.loads((REPO / "data" / "cases" / "sample_cases.json").read_text(encoding="utf-8"))
+        cases = []
+        for i in range(n):
+            c = copy.deepcopy(base[i % len(base)])
+            c["患者"] = f"{prefix}{i:02d}"
+            cases.append(c)
+        f = tmp_path / f"{prefix}-{n}.json"
+        f.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+        return f
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def main_run(ray_session, tmp_path_factory) -> Path:
     """The main job (jobs.run) on 6 sample cases x 2 variants, two rounds: round 1 in OUT/rounds/1/,

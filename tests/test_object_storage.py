@@ -3,8 +3,6 @@ kill -9 and resumed from the URI holds every dialogue exactly once, then evaluat
 ``mdd search`` and the report work from the URI, and nothing is written to the local disk."""
 from __future__ import annotations
 
-import copy
-import json
 import os
 import signal
 import subprocess
@@ -19,20 +17,13 @@ from mdd.driver import run_synthesis
 from mdd.storage import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT / "data" / "cases" / "sample_cases.json"
 
 
-def test_run_to_object_storage_survives_kill_and_resumes_from_the_uri(s3_server, ray_session, tmp_path, capsys):
+def test_run_to_object_storage_survives_kill_and_resumes_from_the_uri(s3_server, ray_session, tmp_path, capsys,
+                                                                     scaled_cases):
     uri = s3_server()
     store = Store(uri)
-    base = json.loads(SAMPLES.read_text(encoding="utf-8"))
-    cases = []
-    for i in range(24):
-        c = copy.deepcopy(base[i % len(base)])
-        c["患者"] = f"O{i:02d}"
-        cases.append(c)
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+    cases_file = scaled_cases(24, "O")
     conf = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text(encoding="utf-8"))
     conf["synth"].update(shard_size=12, variants=2, cases=str(cases_file), out=uri)
     config = tmp_path / "s3.yaml"

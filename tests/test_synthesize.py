@@ -127,15 +127,8 @@ def test_unparseable_cases_file_exits_nonzero(tmp_path):
     assert "broken.json" in proc.stderr and "not valid JSON" in proc.stderr
 
 
-def test_kill_dash_nine_then_rerun_gives_every_dialogue_once(tmp_path):
-    base = json.loads(SAMPLES.read_text(encoding="utf-8"))
-    cases = []
-    for i in range(40):
-        c = copy.deepcopy(base[i % len(base)])
-        c["患者"] = f"K{i:02d}"
-        cases.append(c)
-    f = tmp_path / "forty.json"
-    f.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+def test_kill_dash_nine_then_rerun_gives_every_dialogue_once(tmp_path, scaled_cases):
+    f = scaled_cases(40, "K")
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "jobs.synthesize", "--config", "configs/local.yaml", "--cases", str(f), "--out", str(out),
            "--no-progress", "--in-flight", "4"]

@@ -1,7 +1,7 @@
 """A multi-node run proven on one machine (tests/multinode_run.py in its own process): engine actors
 land one per "GPU node", dialogue workers spread over the nodes, a GPU node removed mid-run costs
-retries and nothing else, and the output is complete, exactly once, and byte for byte what a
-single-process scripted run writes."""
+retries and nothing else, and the output is complete, exactly once, and the same shards (every
+row, every column) as a single-process scripted run writes."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from mdd.config import load_config
 from mdd.driver import run_synthesis
@@ -48,5 +49,5 @@ def test_engine_node_lost_mid_run_loses_nothing(ray_session, tmp_path):
     run_synthesis(cfg, progress=False)
     names = sorted(p.name for p in (local / "synth").glob("*.parquet"))
     assert names == sorted(p.name for p in (out / "synth").glob("*.parquet"))
-    for name in names:
-        assert (out / "synth" / name).read_bytes() == (local / "synth" / name).read_bytes(), name
+    for name in names:  # the file metadata (provenance) may name the engine: the rows must not differ
+        assert pq.read_table(out / "synth" / name).equals(pq.read_table(local / "synth" / name)), name

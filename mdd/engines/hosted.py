@@ -6,7 +6,7 @@ its dead-actor handling, with the scripted engine answering inside each actor in
 That is a cluster dry run (placement, node loss, output) at no model cost, and the cheap engine a
 multi-node test needs. The whole :class:`~mdd.engines.base.Request` crosses the Ray call (the
 scripted engine reads its operation and context), so the dialogues are the same as a local
-scripted run's, byte for byte.
+scripted run's, row for row.
 """
 from __future__ import annotations
 

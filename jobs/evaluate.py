@@ -55,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the staged outputs are dropped, the previous ones kept
+        print("evaluate: interrupted; the previous eval/ and index/ are unchanged, rerun to evaluate",
+              file=sys.stderr)
+        from mdd import signals
+
+        return signals.exit_code()
     return 0
 
 

@@ -16,6 +16,7 @@ import posixpath
 import sys
 
 from jobs import evaluate, report, synthesize
+from mdd import signals
 
 
 def round_out(out: str, r: int, rounds: int) -> str:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 rc = report.publish(cfg, out, args.reference)
         except KeyboardInterrupt:
             print("interrupted after the synthesis; the dialogues are kept, rerun to evaluate", file=sys.stderr)
-            return 130
+            return signals.exit_code()
         if rc:
             return rc
         exemplars = where

@@ -8,14 +8,16 @@ import argparse
 import logging
 import sys
 
+from mdd import signals
 from mdd.cases import CaseFileError
 from mdd.config import ConfigError, load_config
 
 
 EXIT_CODES = """exit codes: 0 done (also with rejects or failed dialogues, unless --strict); 1 every dialogue that ran
 failed; 2 nothing done: a bad config, flag or --out, no usable case, an engine that cannot start, or a resume
-refused; 3 --strict and the run was partial (reject rows or failed dialogues); 130 interrupted (Ctrl-C): the
-finished dialogues are kept, rerun the same command to finish"""
+refused; 3 --strict and the run was partial (reject rows or failed dialogues); 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM: ray job stop, a pod eviction): the finished dialogues are kept, rerun the same command to
+finish"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,12 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to finish", file=sys.stderr)
-        return 130
+        return signals.exit_code()
     c = summary["counts"]
     if summary["interrupted"]:
         print(f"interrupted: {c['dialogues_in_output']} dialogues in {cfg.synth.out}/synth/ ({c['dialogues_run']} "
               f"written by this run); rerun the same command to finish", file=sys.stderr)
-        return 130
+        return signals.exit_code()
     print(
         f"synthesized {c['dialogues_run']} dialogues ({c['dialogues_already_written']} already there, "
         f"{c['dialogues_failed']} failed) from {c['cases_valid']} cases; {c['cases_rejected']} cases rejected "

@@ -12,6 +12,8 @@ def init_ray(cfg: Any) -> None:
     """
     import ray
 
+    from mdd import signals
+
     if ray.is_initialized():
         return
     address = cfg.address or os.environ.get("RAY_ADDRESS")
@@ -24,3 +26,4 @@ def init_ray(cfg: Any) -> None:
             include_dashboard=cfg.include_dashboard,
             **kwargs,
         )
+    signals.install()  # after ray.init, which installs its own (sys.exit) handler

@@ -111,7 +111,11 @@ def test_strict_makes_a_partial_run_exit_3(ray_session, tmp_path, capsys):
     assert pl.read_parquet(tmp_path / "a" / "synth" / "*.parquet").height == 2
 
 
-def test_ctrl_c_exits_130_keeps_finished_dialogues_and_the_rerun_completes(tmp_path):
+@pytest.mark.parametrize("sig,code,group", [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)],
+                         ids=["ctrl-c", "sigterm"])
+def test_interrupt_keeps_finished_dialogues_and_the_rerun_completes(tmp_path, sig, code, group):
+    """Ctrl-C in a terminal signals the whole foreground group; ``kill``, ``ray job stop`` and a pod
+    eviction send SIGTERM to the job's process."""
     base = json.loads(SAMPLES.read_text(encoding="utf-8"))
     cases = []
     for i in range(40):
@@ -134,13 +138,16 @@ def test_ctrl_c_exits_130_keeps_finished_dialogues_and_the_rerun_completes(tmp_p
     while time.time() < deadline and not list((out / "synth").glob("*.parquet")):
         assert proc.poll() is None, "the run ended before its first shard"
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
     try:
         _, stderr = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    assert proc.returncode == 130, stderr[-3000:]
+    assert proc.returncode == code, stderr[-3000:]
     assert "Traceback" not in stderr and "interrupted:" in stderr
     kept = pl.read_parquet(out / "synth" / "*.parquet")
     assert 5 <= kept.height < 200 and kept["dialogue_id"].n_unique() == kept.height

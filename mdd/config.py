@@ -121,6 +121,25 @@ class ExemplarConfig(_Frozen):
                                   "once); False drops them after the turn, which breaks the cached prefix there")
 
 
+class CompanionConfig(_Frozen):
+    """The family member in the room (mdd/dialogue/companion.py)."""
+
+    enabled: bool = True
+    minor_age: int = Field(17, ge=0, description="patients this old or younger always come with a parent")
+    elderly_age: int = Field(60, ge=0)
+    p_elderly: float = Field(0.3, ge=0.0, le=1.0, description="chance an elderly patient comes with someone")
+    p_psychotic: float = Field(0.5, ge=0.0, le=1.0, description="chance a psychotic patient comes with someone")
+    p_severe: float = Field(0.3, ge=0.0, le=1.0, description="chance a severely ill patient comes with someone")
+    severe_words: tuple[str, ...] = Field(("重度",), description="diagnosis words that mark severe illness")
+    p_mother: float = Field(0.7, ge=0.0, le=1.0, description="a minor's parent is the mother by this chance")
+    p_either: float = Field(0.5, ge=0.0, le=1.0, description="an `audience: either` topic goes to the companion")
+    p_interject: float = Field(0.15, ge=0.0, le=1.0, description="the companion adds to a patient answer on a "
+                               "topic it knows about")
+    p_correct: float = Field(0.7, ge=0.0, le=1.0, description="the companion corrects an answer that played down "
+                             "what the record affirms")
+    max_interjections: int = Field(3, ge=0)
+
+
 class DialogueConfig(_Frozen):
     max_exchanges_per_topic: int = Field(3, ge=1, description="hard cap, whatever IsTopicEnd says")
     max_exchanges: int = Field(60, ge=10, description="IsDialEnd's hard cap for a whole dialogue")
@@ -131,6 +150,7 @@ class DialogueConfig(_Frozen):
     sampling: SamplingConfig = SamplingConfig()
     interview: InterviewConfig = InterviewConfig()
     exemplars: ExemplarConfig = ExemplarConfig()
+    companion: CompanionConfig = CompanionConfig()
 
 
 class SynthConfig(_Frozen):

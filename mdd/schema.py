@@ -23,6 +23,7 @@ TOKENS_BY_ROLE = pa.struct(
         pa.field("doctor", pa.int64()),
         pa.field("patient", pa.int64()),
         pa.field("tool", pa.int64()),
+        pa.field("companion", pa.int64()),  # the family member in the room (null in older files)
     ]
 )
 
@@ -62,6 +63,7 @@ DIALOGUE = pa.schema(
         pa.field("required_items", pa.list_(pa.string())),  # the checklist items the case's diagnoses require
         pa.field("items_asked", pa.list_(pa.string())),  # those of them the doctor asked
         pa.field("exemplar_index", pa.string()),  # the run whose index/ the turns' exemplar ids point into
+        pa.field("companion", pa.string()),  # who came with the patient (母亲, 丈夫 …); null: nobody
     ]
 )
 

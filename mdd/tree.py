@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from mdd import knowledge
 from mdd.cases import Case
@@ -219,20 +219,21 @@ def build_tree(case: Case, modules: Iterable[str] = ()) -> Topic:
     return pruned
 
 
-def for_audience(node: Topic, companion_present: bool) -> Topic:
+def for_audience(node: Topic, companion_present: bool,
+                 companion_knows: Callable[[Topic], bool] | None = None) -> Topic:
     """The tree as asked in this room: without a companion, ``audience: companion`` topics (and
-    groups left empty by that) are dropped; with one, every topic stays. A topic's own audience
-    decides (an ``either`` topic in a companion group stays)."""
-    if companion_present:
+    groups left empty by that) are dropped; with one, those it cannot speak to (``companion_knows``)
+    are. A topic's own audience decides (an ``either`` topic in a companion group stays)."""
+    if companion_present and companion_knows is None:
         return node
 
     def keep(n: Topic) -> Topic | None:
-        if n.is_leaf and n.audience == "companion":
+        if n.is_leaf and n.audience == "companion" and not (companion_present and companion_knows(n)):
             return None
         kids = [k for c in n.children if (k := keep(c))]
         if n.children and not kids:
             return None
-        return replace(n, children=tuple(kids), probes=tuple(p for p in n.probes if p.audience != "companion"))
+        return replace(n, children=tuple(kids), probes=tuple(p for p in n.probes if keep(p)))
 
     return keep(node) or replace(node, children=())
 

@@ -1,10 +1,10 @@
 """A third speaker: who a topic's question goes to (``audience``)."""
 import pytest
 
+import random
+
 from mdd import knowledge
 from mdd.tree import for_audience, parse_node, rand_visit
-
-import random
 
 GROUP = {
     "id": "root", "topic": "根", "order": "fixed", "children": [
@@ -118,3 +118,137 @@ def test_the_llm_judge_shows_the_companion_lines():
     assert rows[0]["score"] == 1.0
     assert "家属：医生，她其实半夜经常哭" in prompts[0] and "患者：还好吧。" in prompts[0]
     assert "家属的发言" in prompts[0]  # the criterion names whose words are judged
+
+
+# --- who comes along, and what they say ------------------------------------------------------
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from mdd.cases import load_cases
+from mdd.config import CompanionConfig, DialogueConfig
+from mdd.dialogue import ops
+from mdd.dialogue.companion import CompanionRole, choose_companion
+from mdd.dialogue.loop import run_dialogue
+from mdd.engines.base import Message
+from mdd.engines.scripted import ScriptedEngine
+from mdd.evaluate.speech import leak_pattern
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return {c.case_id: c for c in load_cases(ROOT / "data" / "cases")[0]}
+
+
+def test_who_comes_along_fits_the_case(samples):
+    cfg = CompanionConfig()
+    for cid, case in samples.items():
+        love = case.section("个人史", "婚恋情况")
+        seen = Counter(getattr(choose_companion(case, s, cfg), "relation", None) for s in range(40))
+        if case.age <= cfg.minor_age:
+            assert None not in seen and set(seen) <= {"母亲", "父亲"}, (cid, seen)
+        if "未婚" in love or "丧偶" in love or "离异" in love:
+            assert not {"丈夫", "妻子"} & set(seen), (cid, love, seen)
+        if not any(w in love for w in ("子", "女")):
+            assert not {"儿子", "女儿"} & set(seen), (cid, love, seen)
+        if case.age >= 60:
+            assert not {"母亲", "父亲"} & set(seen), (cid, seen)
+        if case.age > cfg.minor_age and case.age < 60 and "陪同" not in case.present_illness \
+                and not Cues_psychotic(case) and "重度" not in case.diagnosis:
+            assert set(seen) == {None}, (cid, seen)  # an ordinary adult comes alone
+    # the record decides when it says who came: 由母亲陪同 / 由儿子、女儿陪同
+    assert {choose_companion(samples["S01"], s, cfg).relation for s in range(10)} == {"母亲"}
+    assert {choose_companion(samples["S27"], s, cfg).relation for s in range(20)} == {"儿子", "女儿"}
+    # a minor living with the mother after a divorce comes with her
+    assert {choose_companion(samples["S02"], s, cfg).relation for s in range(10)} == {"母亲"}
+    assert choose_companion(samples["S01"], 1, CompanionConfig(enabled=False)) is None
+
+
+def Cues_psychotic(case):
+    from mdd.dialogue.patient import Cues
+
+    return Cues.of(case).psychosis
+
+
+def test_the_companion_prompt_is_lay_and_only_a_parent_knows_the_early_years(samples):
+    cfg = CompanionConfig()
+    mother = CompanionRole(samples["S01"], choose_companion(samples["S01"], 1, cfg), cfg, 1)
+    prompt = mother.system_prompt()
+    assert not leak_pattern().search(prompt), leak_pattern().findall(prompt)
+    assert "出生和小时候：足月剖宫产" in prompt and "被我发现伤痕" in prompt  # the record's 母亲 is 我
+    son = CompanionRole(samples["S27"], choose_companion(samples["S27"], 0, cfg), cfg, 1)
+    assert "出生和小时候" not in son.system_prompt() and not leak_pattern().search(son.system)
+    dev = next(t for t in rand_visit(for_audience(build(samples["S01"]), True), random.Random(0))
+               if t.id == "collateral_development")
+    assert mother.knows(dev) and not son.knows(dev)
+
+
+def build(case):
+    from mdd.tree import build_tree
+
+    return build_tree(case)
+
+
+def test_main_job_companions(sample_run):
+    """README: companion turns in every minor's dialogue and in few others; the doctor asks them for
+    collateral history; they interject and the doctor checks with the patient; at most 3 LLM calls
+    per exchange in their dialogues too."""
+    rows = sample_run["rows"]
+    minors = [r for r in rows if r["age"] <= 17]
+    adults = [r for r in rows if r["age"] > 17]
+    assert minors and all(any(t["speaker"] == "companion" for t in r["turns"]) and r["companion"] for r in minors)
+    with_companion = [r for r in adults if any(t["speaker"] == "companion" for t in r["turns"])]
+    assert len(with_companion) / len(adults) <= 0.25
+    assert all(r["companion"] for r in with_companion) and all(
+        r["companion"] is None for r in adults if r not in with_companion)
+    asked = interjected = checked = 0
+    for r in [r for r in rows if r["companion"]]:
+        t = r["turns"]
+        asked += any(a["speaker"] == "doctor" and b["speaker"] == "companion" and "collateral" not in a["topic"]
+                     for a, b in zip(t, t[1:])) or any(a["topic"] in ("家人看到的起病与变化", "家中安全与看护")
+                                                       and a["speaker"] == "companion" for a in t)
+        for a, b, c in zip(t, t[1:], t[2:]):
+            if a["speaker"] == "patient" and b["speaker"] == "companion":
+                interjected += 1
+                checked += c["speaker"] == "doctor" and c["topic"] == b["topic"]
+        # every exchange: a doctor question answered by the patient or the companion
+        assert r["n_exchanges"] == sum(1 for a, b in zip(t, t[1:]) if a["speaker"] == "doctor"
+                                       and b["speaker"] in ("patient", "companion"))
+    accompanied = [r for r in rows if r["companion"]]
+    n = len(accompanied)
+    # the interjections take the place of topic-end verdicts: no more calls per exchange than the run's bar
+    assert sum(r["llm_calls"] for r in accompanied) / sum(r["n_exchanges"] for r in accompanied) <= 3.0
+    assert asked == n and interjected >= n // 2 and checked / max(interjected, 1) > 0.8, (asked, interjected, checked)
+    assert all(not leak_pattern().search(t["text"]) for r in rows for t in r["turns"] if t["speaker"] == "companion")
+    # the rule judge tests the companion's presence: every accompanied dialogue is judged, no other
+    from mdd.evaluate.rules import evaluate_rules, load_rules
+
+    rule = [r for r in load_rules("psychiatric") if r.name == "collateral_history_when_accompanied"]
+    got = {x["dialogue_id"]: (x["triggered"], x["score"]) for x in evaluate_rules(rows, rule)}
+    assert {got[r["dialogue_id"]] for r in accompanied} == {(True, 1.0)}
+    assert {got[r["dialogue_id"]] for r in rows if not r["companion"]} == {(False, None)}
+
+
+def test_three_speaker_views_are_append_only(samples):
+    """A minor's dialogue: the doctor's, the patient's and the companion's prompts each extend that
+    agent's previous prompt and its own answer (the prefix cache covers them)."""
+    from tests.test_patient import Recording
+
+    case = samples["S01"]
+    eng = Recording(ScriptedEngine())
+    persona = ops.choose_persona(ops.all_personas(), 5, case.case_id, 0)
+    row, acct = asyncio.run(run_dialogue(case, 0, 5, eng, DialogueConfig(), persona, ops.sample_triples(case, 5, 1)[0]))
+    assert row["companion"] == "母亲" and acct.calls["companion"] > 2
+    for op, speaker in (("DocGen", "doctor"), ("PatGen", "patient"), ("CompanionGen", "companion")):
+        calls = [r.messages for r in eng.requests if r.op == op]
+        said = [t["text"] for t in row["turns"] if t["speaker"] == speaker]
+        assert len(calls) == len(said) - (speaker == "doctor")  # the closing is no call
+        for i, (prev, nxt) in enumerate(zip(calls, calls[1:])):
+            assert nxt[: len(prev) + 1] == (*prev, Message("assistant", said[i]))
+    companion_calls = [r.messages for r in eng.requests if r.op == "CompanionGen"]
+    assert "母亲" not in companion_calls[0][0].content.split("\n")[0][:3]  # its own system prompt
+    assert companion_calls[0][0].content.startswith("你是一位母亲")
+    assert "医生：" in companion_calls[0][1].content and "女儿：" in companion_calls[0][1].content

@@ -65,10 +65,12 @@ class TopicAgenda:
 
     @classmethod
     def for_case(cls, case: Case, rng: random.Random, cfg: Any = None, *, speed: str = "normal",
-                 cap: int | None = None, companion: bool = False) -> TopicAgenda:
+                 cap: int | None = None, companion: bool = False,
+                 companion_knows: Callable[[Topic], bool] | None = None) -> TopicAgenda:
         """The agenda for a case: its tree with the modules and required items of its diagnoses,
         as asked in this room (``companion``: a family member came along; without one, companion
-        topics are dropped, except required ones, which the patient is asked), and a length
+        topics are dropped, except required ones, which the patient is asked; ``companion_knows``:
+        which companion topics this one can speak to), and a length
         target (``cfg``: :class:`mdd.config.InterviewConfig`; None: no target)."""
         use = cfg is None or cfg.checklist
         plan = checklist.plan_for(case.icd_code, case.age) if use else checklist.Plan((), (), (), ())
@@ -85,6 +87,8 @@ class TopicAgenda:
                 required.setdefault(tid, []).append(item)
         if not companion:
             root = for_audience(_ask_patient(root, set(required)), False)
+        elif companion_knows is not None:  # companion topics this companion cannot speak to (a spouse on birth)
+            root = for_audience(_ask_patient(root, set(required)), True, companion_knows)
         root = promote(root, required)
         modules = [m["id"] for m in attached_modules(case, plan.modules) if not m.get("always")]
         agenda = cls(root, rng, required=required, cap=cap, weight=topic_weight(case, modules), missing=missing,

@@ -21,12 +21,15 @@ from mdd.dialogue import ops
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
+from mdd.dialogue import wording
+from mdd.dialogue.companion import CompanionRole, addressee, choose_companion
 from mdd.dialogue.patient import PatientRole, choose_style
+from mdd.dialogue.views import agent_view
 from mdd.evaluate.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.tree import Topic
 
-ROLES = ("doctor", "patient", "tool")
+ROLES = ("doctor", "patient", "companion", "tool")
 MIN_DOCTOR_TURNS = 10  # DupDetect never trims a dialogue below this many questions
 
 
@@ -71,6 +74,7 @@ class Dialogue:
         self.id = ops.dialogue_id(case.case_id, variant)
         self.seed = ops.derive_seed(run_seed, case.case_id, variant)
         self.rng = random.Random(self.seed)
+        self.rng_wording = random.Random(ops.derive_seed(run_seed, case.case_id, variant, "wording"))
         self.acct = Accounting()
         self.phase = Phase.START
         self.turns: list[dict[str, Any]] = []
@@ -89,13 +93,21 @@ class Dialogue:
         self.followup = False
         self.new_topic = False
         self.question = ""
+        self.answer = ""  # the answer to the doctor's current question (patient's or companion's)
         self.empathy = ""  # the empathy cue of the doctor's current turn
         self.reask = False  # the current doctor turn re-asks an evasive answer
         self.patient = PatientRole(case, choose_style(case, ops.derive_seed(run_seed, case.case_id, variant, "style")),
                                    ops.derive_seed(run_seed, case.case_id, variant, "patient"))
         self.patient_system = ""
-        self.companion = None  # who came along to the visit (none yet: companion topics are dropped)
-        self.doctor_system = persona.system_prompt()
+        # who came along to the visit (None: the patient came alone, companion topics are dropped)
+        seed = ops.derive_seed(run_seed, case.case_id, variant, "companion")
+        self.companion = choose_companion(case, seed, cfg.companion)
+        self.escort = CompanionRole(case, self.companion, cfg.companion, seed) if self.companion else None
+        self.companion_system = ""
+        self.addressee = "patient"  # who the doctor's current question is for
+        self.interjected = False  # the companion cut in after the last answer
+        self.doctor_system = persona.system_prompt() + (P.DOCTOR_COMPANION.format(
+            relation=self.companion.relation, address=self.companion.address) if self.companion else "")
         s = cfg.sampling
         self.sp_doctor = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.doctor_max_tokens,
                                   frequency_penalty=s.frequency_penalty)
@@ -121,25 +133,14 @@ class Dialogue:
         self.context_used = max(self.context_used, c.prompt_tokens + 2 * sampling.max_tokens)
         return c
 
-    # --- the two agents' views of the history (append-only) -------------------------------
-
-    def _window(self) -> list[tuple[int, dict[str, Any]]]:
-        exchanges = [(i, t) for i, t in enumerate(self.turns) if t["speaker"] in ("doctor", "patient")]
-        w = self.cfg.history_window
-        return exchanges[-w:] if w else exchanges
+    # --- the agents' views of the history (append-only; mdd/dialogue/views.py) -------------
 
     def _view(self, system: str, speaker: str, opening: str | None) -> list[Message]:
-        """``speaker``'s view: its own turns as assistant messages, the other side's as user
-        messages, each of its turns' instruction kept at the end of the message before it."""
-        msgs = [Message("system", system)] + ([Message("user", opening)] if opening else [])
-        for i, t in self._window():
-            if t["speaker"] == speaker:
-                if i in self.instructions:
-                    msgs = ops.with_instruction(msgs, self.instructions[i])
-                msgs.append(Message("assistant", t["text"]))
-            else:
-                msgs.append(Message("user", t["text"]))
-        return msgs
+        labels = None
+        if self.companion is not None:
+            labels = {"doctor": "医生", "patient": "患者" if speaker == "doctor" else self.companion.kin,
+                      "companion": self.companion.relation}
+        return agent_view(system, opening, self.turns, self.instructions, speaker, labels, self.cfg.history_window)
 
     def doctor_view(self) -> list[Message]:
         return self._view(self.doctor_system, "doctor", P.OPENING_PATIENT)
@@ -147,12 +148,26 @@ class Dialogue:
     def patient_view(self) -> list[Message]:
         return self._view(self.patient_system, "patient", None)
 
+    def companion_view(self) -> list[Message]:
+        return self._view(self.companion_system, "companion", None)
+
+    async def _companion_says(self, turn: tuple[str, dict[str, Any]] | None, topic: str,
+                              grounding: list[str]) -> bool:
+        """The companion's turn, when there is one (an answer or an interjection)."""
+        if turn is None or self.escort is None:
+            return False
+        instruction, context = turn
+        text = await ops.companion_gen(self.call, self.companion_view(), instruction, self.sp_patient, context)
+        self._say("companion", text, topic, instruction, grounding=grounding)
+        self.escort.heard(text)
+        return True
+
     def _say(self, speaker: str, text: str, topic: str, instruction: str | None = None,
              grounding: list[str] | None = None) -> None:
         if instruction is not None:
             self.instructions[len(self.turns)] = instruction
         turn = {"speaker": speaker, "text": text, "topic": topic}
-        if grounding is not None:  # the case-record fields a patient turn was written from
+        if grounding is not None:  # the case-record fields a patient (or companion) turn was written from
             turn["grounding"] = grounding
         self.turns.append(turn)
 
@@ -182,23 +197,31 @@ class Dialogue:
 
     async def _start(self) -> Phase:
         self.agenda = TopicAgenda.for_case(self.case, self.rng, self.cfg.interview, speed=self.persona.speed,
-                                           cap=self.cfg.max_exchanges, companion=self.companion is not None)
+                                           cap=self.cfg.max_exchanges, companion=self.companion is not None,
+                                           companion_knows=self.escort.knows if self.escort else None)
         return Phase.EXPERIENCE
 
     async def _experience(self) -> Phase:
         self.story = await ops.fic_exp_gen(self.call, self.case, self.triple, self.sp_story)
-        self.patient_system = self.patient.system_prompt(self.triple, self.story)
+        self.patient_system = self.patient.system_prompt(self.triple, self.story,
+                                                         self.companion.relation if self.companion else None)
+        if self.escort is not None:
+            self.companion_system = self.escort.system_prompt()
         return Phase.OPENING
 
     async def _opening(self) -> Phase:
         instruction = ops.prompt_gen(self.persona, None, followup=False, new_topic=False, empathy="")
+        if self.companion is not None:
+            instruction += P.DOC_OPENING_COMPANION.format(relation=self.companion.relation)
         q = await ops.doc_gen(self.call, self.doctor_view(), instruction, self.sp_doctor,
-                              {"opening": True, "surname": self.persona.surname})
+                              {"opening": True, "surname": self.persona.surname,
+                               "companion": self.companion.address if self.companion else None})
         self._say("doctor", q, "开场", instruction)
         p_instruction, p_context = self.patient.opening()
         a = await ops.pat_gen(self.call, self.patient_view(), p_instruction, self.sp_patient, p_context)
         self._say("patient", a, "开场", p_instruction, grounding=["主诉", "现病史"])
         self.patient.heard(a)
+        await self._companion_says(self.escort.opening() if self.escort else None, "开场", ["主诉", "现病史"])
         self.exchanges += 1
         return Phase.NEXT_TOPIC
 
@@ -238,9 +261,20 @@ class Dialogue:
     async def _ask(self) -> Phase:
         assert self.topic is not None
         last_answer = self.turns[-1]["text"] if self.turns else ""
-        self.empathy = empathy = ops.empath_gen(self.persona, last_answer)
-        instruction = ops.prompt_gen(self.persona, self.topic, followup=self.followup, new_topic=self.new_topic,
-                                     empathy=empathy, reask=self.reask)
+        self.empathy = empathy = ops.empath_gen(self.persona, last_answer, self.rng_wording, recent=bool(self.empathy))
+        if not self.followup:
+            self.addressee = addressee(self.topic, self.companion, self.rng, self.cfg.companion.p_either)
+        lay_topic = self.patient.lay.topic(self.topic)
+        if self.interjected:  # the companion cut in: the doctor checks with the patient
+            self.addressee = "patient"
+            instruction = self.escort.after_interjection(self.topic)
+        elif self.addressee == "companion" and not self.followup:
+            instruction = self.escort.doctor_instruction(self.topic, new_topic=self.new_topic)
+            lay_topic = lay_topic.replace("你", self.companion.pron)
+        else:
+            instruction = ops.prompt_gen(self.persona, self.topic, followup=self.followup,
+                                         new_topic=self.new_topic, empathy=empathy, reask=self.reask)
+        instruction += wording.avoid_note(self.turns)
         shown = []
         if self.exemplars is not None and (not self.followup or self.cfg.exemplars.followups):
             shown = self.exemplars.pick(self.case.case_id, self.topic.topic, self.topic.ask, last_answer)
@@ -249,10 +283,14 @@ class Dialogue:
             self.call, self.doctor_view(), asked, self.sp_doctor,
             {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,
              "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind,
-             "reask": self.reask, "empathic": self.persona.empathy, "lay_topic": self.patient.lay.topic(self.topic),
+             "reask": self.reask, "empathic": self.persona.empathy, "lay_topic": lay_topic,
+             "addressee": self.addressee, "after_companion": self.interjected,
+             "companion": self.companion.address if self.companion else None,
+             "relation": self.companion.called if self.companion else None,
+             "openers": wording.used_openers(self.turns), "suicide": wording.is_suicide_topic(self.topic),
              "exemplars": [{"topic": e.topic, "question": e.question} for e in shown]},
         )
-        self.reask = False
+        self.reask = self.interjected = False
         self._say("doctor", self.question, self.topic.topic, asked if self.cfg.exemplars.keep_in_history else instruction)
         if shown:
             self.turns[-1]["exemplars"] = [e.id for e in shown]
@@ -260,27 +298,42 @@ class Dialogue:
 
     async def _answer(self) -> Phase:
         assert self.topic is not None
+        if self.addressee == "companion" and self.escort is not None:
+            await self._companion_says(self.escort.answer(self.topic), self.topic.topic, list(self.topic.case_fields))
+            self.answer = self.turns[-1]["text"]
+            self.topic_exchanges += 1
+            self.exchanges += 1
+            return Phase.REVIEW
         view = self.patient_view()
         trigger = await ops.trigger_exp(self.call, view, self.topic, self.sp_verdict, self.acct.fallbacks)
         instruction, context = self.patient.turn(self.topic, self.question, followup=self.followup,
                                                  empathy=bool(self.empathy), trigger=trigger, story=self.story,
                                                  triple=self.triple)
-        answer = await ops.pat_gen(self.call, view, instruction, self.sp_patient, context)
+        self.answer = answer = await ops.pat_gen(self.call, view, instruction, self.sp_patient, context)
         self._say("patient", answer, self.topic.topic, instruction, grounding=list(self.topic.case_fields))
         self.patient.heard(answer)
+        if self.escort is not None:  # the companion may cut in, while the doctor can still follow up
+            can_follow = (self.topic_exchanges + 1 < self.cfg.max_exchanges_per_topic
+                          and self.exchanges + 1 < self.cfg.max_exchanges)
+            self.interjected = await self._companion_says(
+                self.escort.interjection(self.topic, answer, context["affirmed"], can_follow), self.topic.topic,
+                list(self.topic.case_fields))
         self.topic_exchanges += 1
         self.exchanges += 1
         return Phase.REVIEW
 
     async def _review(self) -> Phase:
         assert self.topic is not None and self.agenda is not None
-        answer = self.turns[-1]["text"]
+        answer = self.answer
         if self.topic.kind == "graft" and self.topic_exchanges == 1:
             grafted = await ops.parse_exp(self.call, self.doctor_view(), self.triple, self.story, self.sp_json,
                                           self.acct.fallbacks, group=self.topic.group)
             self.agenda.insert_next(grafted)
         self.agenda.insert_next(ops.open_probes(self.topic, answer))
         cap = self.persona.cap(self.topic, self.cfg.max_exchanges_per_topic)
+        if self.interjected:  # the doctor follows up on what the companion said, no verdict needed
+            self.followup = True
+            return Phase.ASK
         if self.exchanges < self.cfg.max_exchanges and ops.needs_reask(
                 answer, self.topic_exchanges, cap, self.cfg.max_exchanges_per_topic):
             self.followup = self.reask = True  # a dodged question gets a gentle re-ask, no verdict needed
@@ -330,6 +383,7 @@ class Dialogue:
             "fallbacks": sum(a.fallbacks.values()),
             "source": "mdd",
             "patient_style": self.patient.style.id,
+            "companion": self.companion.relation if self.companion else None,
             "jargon_turns": jargon_turns(self.turns),
             "topic_ids": list(self.topic_ids),
             "required_items": self.agenda.required_items if self.agenda is not None else [],

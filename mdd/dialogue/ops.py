@@ -18,6 +18,7 @@ from mdd import knowledge
 from mdd.cases import Case
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
+from mdd.dialogue import wording
 from mdd.engines.base import Completion, Message, Sampling
 from mdd.tree import Topic, experience_topics, mentions
 
@@ -80,6 +81,7 @@ class Persona:
             age=self.age, gender=P.gender_word(self.gender), speciality=self.speciality, style=self.style,
             speed=P.SPEED[self.speed], explain=P.EXPLAIN[self.explain],
             empathy="会关注并回应患者的情绪" if self.empathy else "较少表达共情，专注于收集信息",
+            overused=wording.overused_text(),
         )
 
 
@@ -206,17 +208,12 @@ async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], samp
 
 # --- symbolic operations ----------------------------------------------------------------
 
-_DISTRESS = ("难受", "痛苦", "害怕", "绝望", "哭", "崩溃", "委屈", "无助", "压力", "烦", "累", "不想活", "自杀", "孤独")
-
-
-def empath_gen(persona: Persona, answer: str) -> str:
-    """EmpathGen: an empathy instruction for empathic personas when the answer shows distress."""
-    if not persona.empathy:
+def empath_gen(persona: Persona, answer: str, rng: random.Random | None = None, recent: bool = False) -> str:
+    """EmpathGen: an empathy instruction for empathic personas when the answer shows distress, worded
+    differently each time and never on two doctor turns in a row (``recent``)."""
+    if not persona.empathy or recent:
         return ""
-    hits = [w for w in _DISTRESS if w in answer]
-    if hits:
-        return f"患者提到了「{hits[0]}」的感受，提问前先用一句话表达理解和共情。"
-    return "语气温和，适当给予肯定和鼓励。"
+    return wording.empathy_cue(answer, rng)
 
 
 def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_topic: bool, empathy: str,
@@ -224,13 +221,14 @@ def prompt_gen(persona: Persona, topic: Topic | None, *, followup: bool, new_top
     """PromptGen: the doctor's per-turn instruction from the topic, the persona and the state."""
     if topic is None:
         return P.DOC_OPENING.format(surname=persona.surname)
+    safe = wording.safe_note(topic)
     if reask:
-        return P.DOC_REASK.format(topic=topic.topic, how=P.REASK_GENTLE if persona.empathy else P.REASK_PLAIN)
+        return P.DOC_REASK.format(topic=topic.topic, how=P.REASK_GENTLE if persona.empathy else P.REASK_PLAIN) + safe
     if followup:
-        return P.DOC_FOLLOWUP.format(topic=topic.topic, empathy=empathy)
+        return P.DOC_FOLLOWUP.format(topic=topic.topic, empathy=empathy) + safe
     explain = P.DOC_EXPLAIN if persona.explain in ("sometimes", "often") else ""
     return P.DOC_TOPIC.format(transition=P.DOC_TRANSITION if new_topic else "", topic=topic.topic,
-                              ask=topic.ask or topic.topic, empathy=empathy, explain=explain)
+                              ask=topic.ask or topic.topic, empathy=empathy, explain=explain) + safe
 
 
 def is_dial_end(agenda: TopicAgenda, exchanges: int, max_exchanges: int, context_used: int = 0,
@@ -398,4 +396,11 @@ async def pat_gen(call: Call, patient_view: list[Message], instruction: str, sam
                   context: dict[str, Any]) -> str:
     """PatGen: the patient's answer, from the case, the experience and the patient's history."""
     out = await call("patient", "PatGen", with_instruction(patient_view, instruction), sampling, context)
+    return out.text.strip()
+
+
+async def companion_gen(call: Call, companion_view: list[Message], instruction: str, sampling: Sampling,
+                        context: dict[str, Any]) -> str:
+    """The companion's turn: an answer to the doctor, or an interjection after the patient."""
+    out = await call("companion", "CompanionGen", with_instruction(companion_view, instruction), sampling, context)
     return out.text.strip()

@@ -28,7 +28,8 @@ DOCTOR_SYSTEM = """你是一名精神科医生，正在门诊为一位初诊患�
 1. 每次只围绕一个话题提问，用口语化的中文，一次问一到两个问题。
 2. 不要重复已经问过的问题；可以根据患者的回答追问时间、频率、严重程度、诱因和影响。
 3. 问诊结束前不要给出诊断或治疗意见。
-4. 只输出你要对患者说的话。"""
+4. 说话像面对面交谈：不要每句都先表示感谢或理解，同一种开头不要反复用，不用{overused}这类套话开头。
+5. 只输出你要对患者说的话。"""
 
 OPENING_PATIENT = "（患者走进诊室坐下）"
 
@@ -94,3 +95,29 @@ FINAL = "诊断结束。根据今天的问诊，初步诊断为：{diagnosis}（
 
 def gender_word(g: str) -> str:
     return "女性" if g == "女" else "男性"
+
+# --- the companion in the room ---------------------------------------------------------------
+DOCTOR_COMPANION = "\n今天患者由{relation}陪同，{relation}也在诊室。需要时可以向家属了解情况（称呼对方“{address}”）。"
+DOC_OPENING_COMPANION = "也招呼一下陪同来的{relation}。"
+DOC_TOPIC_COMPANION = "【下一步】{transition}请向患者的{relation}（称呼“{address}”）了解「{topic}」：{ask}。"
+DOC_AFTER_COMPANION = "【下一步】{relation}（陪同的家属）刚才就「{topic}」插话补充了情况。请温和地向患者本人核实一下。"
+
+COMPANION_SYSTEM = """你是一位{relation}，陪你的{kin}来精神科门诊看病，现在和{pron}一起在诊室里。请始终以{relation}的身份，用口语化的中文说话。
+{pron}：{age}岁，{gender}，{work}。
+你们这次来，是因为：{complaint}
+你在家里看到、听到的情况：{present}
+{pron}身体方面：{physical}
+家里人：{family}
+{pron}的情况：{personal}
+{development}你的样子：{attitude}
+说话的要求：
+1. 只说你亲眼看到、亲耳听到的事；{pron}心里的想法你不一定知道。
+2. 医生问你时再详细说；插话时只说一两句。
+3. 每次说多少字，照提示里给你的字数来，不要超过。
+4. 用平常人的说法，不说病名、检查的名称和医生写的那种书面说法。
+5. 只说你要说的话，不加动作描写和旁白。"""
+COMPANION_DEVELOPMENT = "{pron}出生和小时候：{text}\n"
+COMPANION_ANSWER = "【回答要求】医生在问你：{topic}。说你在家里看到的{pron}的情况。这次最多说{budget}个字。"
+COMPANION_INTERJECT = "【插话】{pron}刚才的回答{how}你忍不住插一句，简短补充你看到的情况。这次最多说{budget}个字。"
+COMPANION_CORRECT = "说得比你在家看到的轻，"
+COMPANION_ADD = "漏了一些你看到的事，"

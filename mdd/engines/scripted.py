@@ -14,19 +14,18 @@ import re
 from typing import Any
 
 from mdd.dialogue.ops import short_point, triple_phrase
+from mdd.dialogue.wording import wording
 from mdd.engines.base import Completion, EngineBase, Request
-from mdd.engines.scripted_speech import patient_answer
+from mdd.engines.scripted_speech import companion_answer, patient_answer
+from mdd.evaluate.speech import opener
 
 _GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。", "你好，我姓{s}，是今天的接诊医生。")
 _OPEN_ASK = ("这次来主要是哪里不舒服？可以慢慢说。", "最近有什么困扰你的地方吗？", "能说说这次来看病的主要原因吗？")
-_LEADS = ("", "我想了解一下，", "接下来想问问你，", "我们聊聊", "关于")
-_FOLLOW = ("你刚才说的这个情况，能再具体说说吗？", "这种情况大概多久出现一次？持续多长时间？",
-           "它对你的生活和学习工作影响有多大？", "这个情况是从什么时候开始的？")
-_EMPATHY = ("听起来这段时间你真的很不容易。", "我能理解你的感受，说出来已经很不容易了。", "谢谢你愿意告诉我这些。")
-_EXPLAIN = ("问这个是因为它和情绪状态关系很密切。", "这能帮助我更全面地判断你的情况。")
-_REASK_GENTLE = ("很多人一开始都不太愿意谈这个，没关系。我换个问法：这方面最近有没有让你不好受的时候？",
-                 "这个话题可能不太好开口，你慢慢说就行。能具体说说吗？")
-_REASK_PLAIN = ("我再问具体一点：有还是没有？", "换个问法：最近一周里有没有出现过？")
+def _fresh(rng: random.Random, options: list[str], used: set[str], fill: dict[str, str] | None = None) -> str:
+    """A phrase whose opener was not used yet in this dialogue (any, when all were)."""
+    texts = [o.format(**fill) if fill else o for o in options]
+    new = [t for t in texts if opener(t) not in used]
+    return rng.choice(new or texts)
 
 
 def _chars(request: Request) -> int:
@@ -57,37 +56,49 @@ class ScriptedEngine(EngineBase):
     # --- doctor -----------------------------------------------------------------------
 
     def _DocGen(self, ctx: dict[str, Any], rng: random.Random) -> str:
+        ph = wording()["scripted"]
+        used = set(ctx.get("openers") or ())
         fast = ctx.get("speed") == "fast"
         if ctx.get("opening"):
-            return rng.choice(_GREETINGS).format(s=ctx.get("surname", "李")) + rng.choice(_OPEN_ASK)
+            extra = ph["opening_companion"].format(address=ctx["companion"]) if ctx.get("companion") else ""
+            return rng.choice(_GREETINGS).format(s=ctx.get("surname", "李")) + extra + rng.choice(_OPEN_ASK)
         parts = []
         if ctx.get("empathy"):
-            parts.append(rng.choice(_EMPATHY))
-        if ctx.get("reask"):
-            parts.append(rng.choice(_REASK_GENTLE if ctx.get("empathic") else _REASK_PLAIN))
+            parts.append(_fresh(rng, ph["empathy"], used))
+        lay = ctx.get("lay_topic") or ctx.get("topic", "")
+        if ctx.get("after_companion"):
+            parts.append(_fresh(rng, ph["after_companion"], used, {"relation": ctx.get("relation") or "家里人"}))
+        elif ctx.get("reask"):
+            parts.append(_fresh(rng, ph["reask_gentle" if ctx.get("empathic") else "reask_plain"], used))
         elif ctx.get("followup"):
-            parts.append(rng.choice(_FOLLOW))
+            parts.append(_fresh(rng, ph["followup"], used))
+        elif ctx.get("addressee") == "companion":
+            parts.append(_fresh(rng, ph["companion"], used, {"address": ctx.get("companion") or "您", "lay": lay}))
+        elif ctx.get("suicide"):
+            parts.append(_fresh(rng, ph["suicide"], used))
+        elif ctx.get("kind") == "experience":
+            parts.append(_fresh(rng, ph["experience"], used, {"lay": lay}))
         else:
-            topic, ask = ctx.get("topic", ""), ctx.get("ask", "")
-            lead = rng.choice(_LEADS)
-            if ctx.get("kind") == "experience":
-                parts.append(f"你刚才提到{topic}，能具体讲讲当时发生了什么、你现在怎么看这件事吗？")
-            elif any(e.get("topic") == topic for e in ctx.get("exemplars") or []):
-                # asks the way the best-scored earlier question on this topic did (its question sentence)
-                q = next(e["question"] for e in ctx["exemplars"] if e.get("topic") == topic)
-                parts.append([x for x in re.split(r"(?<=[。！])", q) if x.strip()][-1])
-            elif fast or not ask:
-                parts.append(f"{lead}{topic}方面，最近怎么样？")
+            same = [e["question"] for e in ctx.get("exemplars") or [] if e.get("topic") == ctx.get("topic")]
+            if same:  # asks the way the best-scored earlier question on this topic did (its question sentence)
+                parts.append([x for x in re.split(r"(?<=[。！])", same[0]) if x.strip()][-1])
             else:
-                parts.append(f"{lead}{topic}方面的情况，比如{ask}，最近怎么样？")
-        if not fast and ctx.get("explain") in ("sometimes", "often") and rng.random() < 0.6:
-            parts.append(rng.choice(_EXPLAIN))
+                form = rng.choice(ph["ask_forms"][:1] if fast else ph["ask_forms"]).format(lay=lay)
+                # the whole turn's opener is what must be new: the lead's, or the question's without one
+                options = [lead + form for lead in ph["leads"]]
+                parts.append(options[0] if parts else _fresh(rng, options, used))
+        if not fast and ctx.get("addressee") != "companion" and ctx.get("explain") in ("sometimes", "often") \
+                and rng.random() < 0.5:
+            parts.append(rng.choice(ph["explain"]))
         return "".join(parts)
 
     # --- patient ----------------------------------------------------------------------
 
     def _PatGen(self, ctx: dict[str, Any], rng: random.Random) -> str:
         return patient_answer(ctx, rng)
+
+    def _CompanionGen(self, ctx: dict[str, Any], rng: random.Random) -> str:
+        return companion_answer(ctx, rng)
 
     # --- tool agent -------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The scripted engine's patient speech: the dry run honours the speech styles.
+"""The scripted engine's patient and companion speech: the dry run honours the speech styles.
 
 A patient answer is put together from the lay facts the patient role passes in the request context
 (never the record itself), shaped by the style (its lead-ins and tails from ``styles.yaml``), and
@@ -11,6 +11,7 @@ import random
 import re
 from typing import Any
 
+from mdd.dialogue.companion import book as companion_book
 from mdd.dialogue.ops import triple_phrase
 from mdd.dialogue.patient import style_book
 
@@ -23,8 +24,8 @@ def clauses(text: str) -> list[str]:
 
 
 def fit(parts: list[str], budget: int, joiner: str = "，") -> str:
-    """Clauses joined up to ``budget`` characters. When not even the first one fits, the shortest
-    one is said instead, trailing off (……) if it must be cut."""
+    """Clauses joined up to ``budget`` characters. When not even the first one fits, the shortest one
+    is said if it is near the budget; else "" (the caller says something short instead)."""
     parts = [p for p in parts if p]
     out = ""
     for p in parts:
@@ -32,9 +33,9 @@ def fit(parts: list[str], budget: int, joiner: str = "，") -> str:
         if len(nxt) + 1 > budget:
             break
         out = nxt
-    if not out and parts:
+    if not out and parts:  # not even the first fits: the shortest, if near the budget, else nothing
         p = min(parts, key=len)
-        out = p if len(p) < budget * 1.5 else p[: max(1, budget - 2)] + "……"
+        out = p if len(p) <= max(2 * budget, 8) else ""
     return (out.rstrip(_STRIP) + "。") if out and out[-1] not in "。！？…" else out
 
 
@@ -53,7 +54,8 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
     if ctx.get("opening"):
         facts = [c for c in clauses(ctx.get("facts", "")) if c not in said]
         body = [f"我主要是{ctx.get('complaint', '').rstrip('。')}"] + facts[1:4]
-        return fit([lead + body[0]] + body[1:] + ([tail] if style == "rambling" else []), budget)
+        return fit([lead + body[0]] + body[1:] + ([tail] if style == "rambling" else []), budget) or \
+            fit([ctx.get("complaint", "")], budget) or "就是心里难受。"
     if ctx.get("withhold"):
         return _pick(rng, ph.get("deny"), "还好吧。")
 
@@ -96,6 +98,22 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
         parts += clauses(rng.choice(more))
     parts[0] = lead + parts[0]
     text = fit(parts, budget, "……" if style == "tearful" else "，")
+    if not text:  # nothing fits the budget: a word or two
+        text = _pick(rng, ph.get("yes"), "嗯。")
     if style in ("tearful", "irritable") and tail and len(text) + len(tail) <= budget and rng.random() < 0.5:
         text += tail
     return text
+
+
+def companion_answer(ctx: dict[str, Any], rng: random.Random) -> str:
+    """The companion: what it saw at home, as an answer, an addition or a correction."""
+    ph = companion_book().get("scripted") or {}
+    pron, budget, said = ctx.get("pron", "她"), int(ctx.get("budget") or 60), ctx.get("said") or ""
+    facts = [c for c in clauses(ctx.get("facts", "")) if c not in said]
+    if not facts:
+        return _pick(rng, ph.get("unknown"), "这个我不太清楚。").format(pron=pron)
+    if ctx.get("interject"):
+        lead = _pick(rng, ph.get("correct" if ctx.get("correct") else "add")).format(pron=pron)
+        return fit([lead + facts[0]] + facts[1:2], budget) or lead + facts[0] + "。"
+    lead = _pick(rng, ph.get("answer_lead")).format(pron=pron)
+    return fit([lead + facts[0]] + facts[1:4], budget) or lead + facts[0] + "。"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,11 +35,16 @@ def _split_instruction(text: str) -> tuple[str, str]:
     return (head, "【" + tail) if sep else (text, "")
 
 
+_LABELLED = re.compile(r"^[\u4e00-\u9fff]{1,3}：")
+
+
 def _turns(messages: tuple[Message, ...], agent: str) -> tuple[list[str], str]:
     """(history turns as "医生：…/患者：…" lines, the current call's instruction) from an
-    append-only prompt; the instructions earlier turns answered are not part of the history."""
+    append-only prompt; the instructions earlier turns answered are not part of the history.
+    With a companion in the room the other speakers' turns already carry their labels."""
     instruction = ""
-    doctor_role = "assistant" if agent != "patient" else "user"
+    doctor_role = "assistant" if agent not in ("patient", "companion") else "user"
+    own = {"patient": "患者", "companion": "家属"}.get(agent, "医生")
     lines = []
     body = messages[1:]
     for i, m in enumerate(body):
@@ -49,7 +55,10 @@ def _turns(messages: tuple[Message, ...], agent: str) -> tuple[list[str], str]:
                 instruction = instr
         if content.startswith("（") and content.endswith("）"):
             continue  # the stage direction that opens the doctor's view
-        who = "医生" if m.role == doctor_role else "患者"
+        if m.role == "user" and _LABELLED.match(content):
+            lines.extend(content.split("\n"))
+            continue
+        who = own if m.role == "assistant" else ("医生" if m.role == doctor_role else "患者")
         lines.append(f"{who}：{content}")
     return lines, instruction
 
@@ -64,7 +73,7 @@ def reference_layout(request: Request) -> Request:
     if request.op == "FicExpGen":  # already a fresh prompt in both layouts
         return request
     msgs = request.messages
-    if request.op in ("DocGen", "PatGen") or request.agent in ("doctor", "patient"):
+    if request.op in ("DocGen", "PatGen", "CompanionGen") or request.agent in ("doctor", "patient", "companion"):
         lines, instruction = _turns(msgs, request.agent)
         text = f"{msgs[0].content}\n\n最近的对话：\n" + "\n".join(lines[-REF_WINDOW:]) + f"\n\n{instruction}"
         return replace(request, messages=(Message("user", text),))

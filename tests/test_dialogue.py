@@ -63,8 +63,11 @@ def test_dialogue_shape_and_labels(pa20):
     assert row["n_turns"] >= 10 and row["engine"] == "scripted"
     assert [t["speaker"] for t in turns[:-1]] == ["doctor", "patient"] * row["n_exchanges"]
     last = turns[-1]
-    assert last["speaker"] == "doctor" and pa20.diagnosis in last["text"] and pa20.treatment in last["text"]
-    assert pa20.icd_code in last["text"]
+    # the closing is spoken: the diagnosis named and explained, no ICD code, no prescription text;
+    # the labels stay exact in their columns
+    assert last["speaker"] == "doctor" and pa20.diagnosis in last["text"]
+    assert pa20.icd_code not in last["text"] and "50mg" not in last["text"] and "舍曲林" in last["text"]
+    assert (row["diagnosis"], row["icd_code"], row["treatment"]) == (pa20.diagnosis, pa20.icd_code, pa20.treatment)
     assert row["topics"] and all(t["text"] for t in turns)
     assert row["llm_calls"] == sum(acct.calls.values())
     assert row["llm_calls"] / row["n_exchanges"] <= 3.0

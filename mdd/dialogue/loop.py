@@ -22,6 +22,7 @@ from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
 from mdd.dialogue import wording
+from mdd.dialogue.closing import spoken_closing
 from mdd.dialogue.companion import CompanionRole, addressee, choose_companion
 from mdd.dialogue.patient import PatientRole, choose_style
 from mdd.dialogue.views import agent_view
@@ -347,8 +348,8 @@ class Dialogue:
         return Phase.ASK
 
     async def _final(self) -> Phase:
-        c = self.case
-        self._say("doctor", P.FINAL.format(diagnosis=c.diagnosis, icd=c.icd_code, treatment=c.treatment), "诊断结果")
+        # spoken (lay diagnosis, plan, follow-up, safety); the labels stay exact in their columns
+        self._say("doctor", spoken_closing(self.case, self.rng_wording), "诊断结果")
         return Phase.DONE
 
     # --- output ------------------------------------------------------------------------

@@ -90,7 +90,6 @@ TRIGGER_EXP = "【判断】回答这个问题要讲到你过去的那段经历�
 DUP_DETECT = "【判断】下面这些话题中，哪些在前面的对话里患者已经讲清楚了？只从列表中选，没有就返回空列表。\n{topics}"
 PARSE_EXP = "【整理】把患者刚才讲到的过去经历整理成2到3个值得继续追问的要点，每个要点不超过15个字。"
 
-FINAL = "诊断结束。根据今天的问诊，初步诊断为：{diagnosis}（ICD-10：{icd}）。处理意见：{treatment}"
 
 
 def gender_word(g: str) -> str:

@@ -19,6 +19,7 @@ from mdd.cases import Case
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue import wording
+from mdd.dialogue.experience import fitting_triples, life_situations  # noqa: F401 (life_situations: API)
 from mdd.engines.base import Completion, Message, Sampling
 from mdd.tree import Topic, experience_topics, mentions
 
@@ -99,73 +100,10 @@ def choose_persona(personas: list[Persona], run_seed: int, case_id: str, variant
 # --- FicExpGen ----------------------------------------------------------------------
 
 
-def life_situations(case: Case) -> set[str]:
-    work = case.section("个人史", "工作、学习情况") + case.section("个人史", "工作情况")
-    love = case.section("个人史", "婚恋情况")
-    s: set[str] = set()
-    if "退休" in work or (case.age >= 60 and not re.search(r"在职|仍在工作|返聘", work)):
-        s.add("retired")
-    elif case.age <= 18 or (case.age <= 35 and re.search(r"学生|在读|上学|读书|初[一二三]|高[一二三]|大[一二三四]|研究生|休学", work)):
-        s.add("student")
-    if "retired" not in s and case.age >= 16 and (
-            "student" not in s or re.search(r"工作|职员|工人|公司|上班|经商|个体|兼职|打工", work)):
-        s.add("worker")
-    if re.search(r"已婚|结婚|丈夫|妻子|爱人", love) and "未婚" not in love:
-        s.add("married")
-    if re.search(r"子|女儿|儿子|孙", love):
-        s.add("parent")
-    if re.search(r"未婚|单身|离异|丧偶", love) or (not love and case.age < 22):
-        s.add("single")
-    return s
-
-
-def _item(v: Any) -> tuple[str, dict[str, Any]]:
-    if isinstance(v, dict):
-        return str(v.get("text", "")), v
-    return str(v), {}
-
-
-# People named inside an event's text win over the sampled person ("爸爸脾气暴躁" is about 爸爸).
-_NAMED = ("爸爸", "妈妈", "爸妈", "父亲", "母亲", "父母", "继母", "继父", "妻子", "丈夫", "老公", "老婆", "前妻", "前夫",
-          "儿子", "女儿", "孩子", "儿媳", "女婿", "孙子", "孙女", "弟弟", "妹妹", "哥哥", "姐姐", "外公", "外婆", "爷爷",
-          "奶奶", "公公", "婆婆", "岳父", "岳母", "班主任", "老师", "室友", "同桌", "同学", "领导", "老板", "同事", "男朋友",
-          "女朋友", "朋友", "邻居", "老伴")
-_PARTNER_SINGLE = ("男朋友", "女朋友", "恋爱对象", "暧昧对象")
-_PARTNER_MARRIED = ("妻子", "丈夫", "老公", "老婆", "公公", "婆婆", "岳父", "岳母", "儿媳", "女婿")
-
-
-def _person_fits(person: str, situations: set[str]) -> bool:
-    if any(w in person for w in _PARTNER_MARRIED):
-        return "married" in situations or "parent" in situations
-    if any(w in person for w in _PARTNER_SINGLE):
-        return "married" not in situations
-    return True
-
-
 def graph_triples(case: Case) -> list[tuple[str, str, str]]:
-    """Every (time, people, event) of the case's knowledge graph consistent with the case."""
-    g = knowledge.graph_data(case.gender, case.age_band)
-    situations = life_situations(case)
-    times = [t for t, meta in map(_item, g.get("time") or []) if t and case.age >= int(meta.get("min_age", 0))
-             and case.age <= int(meta.get("max_age", 200))]
-    out: list[tuple[str, str, str]] = []
-    for grp, people in (g.get("people") or {}).items():
-        fitting = []
-        for person, meta in map(_item, people or []):
-            fits = meta.get("for")
-            if person and (not fits or situations & set(fits)) and _person_fits(person, situations):
-                fitting.append(person)
-        for e, meta in map(_item, (g.get("events") or g.get("experience") or {}).get(grp) or []):
-            fits = meta.get("for")
-            if not e or (fits and not situations & set(fits)):
-                continue
-            named = next((w for w in _NAMED if w in e), None)
-            if named is not None and not _person_fits(named, situations):
-                continue
-            for person in ([named] if named else fitting):
-                for t in times:
-                    out.append((t, person, e))
-    return out
+    """Every (time, people, event) of the case's knowledge graph that fits the case and itself
+    (mdd/dialogue/experience.py)."""
+    return fitting_triples(case)
 
 
 def sample_triples(case: Case, run_seed: int, n: int) -> list[tuple[str, str, str]]:

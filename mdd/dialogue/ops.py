@@ -20,6 +20,7 @@ from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue import wording
 from mdd.dialogue.experience import fitting_triples, life_situations  # noqa: F401 (life_situations: API)
+from mdd.dialogue.lay import lay
 from mdd.engines.base import Completion, Message, Sampling
 from mdd.tree import Topic, experience_topics, mentions
 
@@ -136,8 +137,10 @@ async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], samp
            "work": work_text(case), "diagnosis": case.diagnosis, "complaint": case.complaint}
     msgs = [
         Message("system", P.STORY_SYSTEM),
-        Message("user", P.STORY_USER.format(age=case.age, gender=P.gender_word(case.gender), work=work_text(case),
-                                            complaint=case.complaint, time=time, people=people, event=event)),
+        # in lay words: the story is told to the patient agent as its own past
+        Message("user", P.STORY_USER.format(age=case.age, gender=P.gender_word(case.gender),
+                                            work=lay().text(work_text(case)), complaint=lay().text(case.complaint),
+                                            time=time, people=people, event=event)),
     ]
     out = await call("tool", "FicExpGen", msgs, sampling, ctx)
     text = out.text.strip()

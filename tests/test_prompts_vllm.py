@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mdd.cases import load_cases
-from mdd.config import DialogueConfig
+from mdd.config import CompanionConfig, DialogueConfig
 from mdd.dialogue import ops
 from mdd.dialogue.loop import run_dialogue
 from mdd.evaluate.speech import leak_pattern
@@ -29,7 +29,9 @@ def recorded(vllm_engine):
     real = load_cases(PA20)[0][0]
     minor = next(c for c in load_cases(ROOT / "data" / "cases")[0] if c.case_id == "S01")
     rec = Recording(vllm_engine)
-    cfg = DialogueConfig(max_exchanges=12)
+    # short dialogues; the parent speaks up right after the opening (its prompt is then certain to be
+    # recorded even when the short agenda never reaches the collateral topics)
+    cfg = DialogueConfig(max_exchanges=12, companion=CompanionConfig(p_interject=1.0))
 
     async def both():
         runs = []

@@ -157,7 +157,7 @@ def test_who_comes_along_fits_the_case(samples):
         if case.age >= 60:
             assert not {"母亲", "父亲"} & set(seen), (cid, seen)
         if case.age > cfg.minor_age and case.age < 60 and "陪同" not in case.present_illness \
-                and not Cues_psychotic(case) and "重度" not in case.diagnosis:
+                and not _psychotic(case) and "重度" not in case.diagnosis:
             assert set(seen) == {None}, (cid, seen)  # an ordinary adult comes alone
     # the record decides when it says who came: 由母亲陪同 / 由儿子、女儿陪同
     assert {choose_companion(samples["S01"], s, cfg).relation for s in range(10)} == {"母亲"}
@@ -167,7 +167,7 @@ def test_who_comes_along_fits_the_case(samples):
     assert choose_companion(samples["S01"], 1, CompanionConfig(enabled=False)) is None
 
 
-def Cues_psychotic(case):
+def _psychotic(case):
     from mdd.dialogue.patient import Cues
 
     return Cues.of(case).psychosis

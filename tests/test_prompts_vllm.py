@@ -2,6 +2,7 @@
 the vLLM CPU engine (the session's one engine, tiny model: its text is noise, the prompts are real)
 and rendered with the model's chat template. A real case (pa20) and a minor with a parent."""
 import asyncio
+import random
 import re
 from pathlib import Path
 
@@ -14,8 +15,6 @@ from mdd.dialogue.loop import run_dialogue
 from mdd.evaluate.speech import leak_pattern
 from mdd.perf.replay import Recording
 from mdd.tree import build_tree, for_audience, rand_visit
-
-import random
 
 ROOT = Path(__file__).resolve().parents[1]
 PA20 = ROOT.parent / "shared" / "mdd5k" / "cases" / "pa20.json"
@@ -76,11 +75,8 @@ def test_the_patient_is_shown_no_record_fields_or_exam_terms(recorded, tiny_mode
                 n = BUDGET.search(req.messages[-1].content)
                 assert n and int(n.group(1)) >= 1  # the style's budget, every turn
         # the raw record would fail the same check: it is what the system prompt used to paste
-        assert leak_pattern().search(case.get("精神检查")) and "被诊断为" in pa20_text(recorded)
-
-
-def pa20_text(recorded):
-    return recorded["cases"]["1"].present_illness
+        assert leak_pattern().search(case.get("精神检查"))
+    assert "被诊断为" in recorded["cases"]["1"].present_illness
 
 
 def test_a_minor_comes_with_a_parent_who_has_its_own_prompt(recorded):

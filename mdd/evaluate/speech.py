@@ -4,7 +4,7 @@ earlier one, the spread of patient turn lengths.
 The jargon detector is the evaluator's lexicon (``mdd/knowledge/lexicons.yaml``: ``patient.jargon``,
 matched as substrings): a patient turn "uses jargon" when it holds one of its terms. Every synthesized
 dialogue carries ``jargon_turns`` (its patient turns that do); the run's share goes to ``run.json``.
-On the 100 MDD-5k dialogues in ``../shared/mdd5k`` 18% of patient turns use jargon (tests/test_speech.py).
+On the 100 MDD-5k dialogues in ``../shared/mdd5k`` 18.2% of patient turns use jargon (tests/test_speech.py).
 """
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ def test_synthesized_dialogues_are_checked_against_their_records(tmp_path):
     for d in rows:
         turns = [dict(t) for t in d["turns"]]
         for t in turns:
-            if t["speaker"] == "patient" and t.get("topic") != "开场":
+            if t["speaker"] in ("patient", "companion") and t.get("topic") != "开场":  # every answerer
                 t["text"] = "我经常听到有声音在耳边议论我，还总觉得有人跟踪我、要害我。"
         flipped.append({**d, "turns": turns})
     ctrl = _score_all(scorer, flipped)

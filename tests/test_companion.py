@@ -182,7 +182,7 @@ def test_the_companion_prompt_is_lay_and_only_a_parent_knows_the_early_years(sam
     son = CompanionRole(samples["S27"], choose_companion(samples["S27"], 0, cfg), cfg, 1)
     assert "出生和小时候" not in son.system_prompt() and not leak_pattern().search(son.system)
     dev = next(t for t in rand_visit(for_audience(build(samples["S01"]), True), random.Random(0))
-               if t.id == "collateral_development")
+               if t.id == "dev_history")  # the development module's question (modules/development.yaml)
     assert mother.knows(dev) and not son.knows(dev)
 
 

@@ -66,11 +66,13 @@ class TopicAgenda:
     @classmethod
     def for_case(cls, case: Case, rng: random.Random, cfg: Any = None, *, speed: str = "normal",
                  cap: int | None = None, companion: bool = False,
-                 companion_knows: Callable[[Topic], bool] | None = None) -> TopicAgenda:
+                 companion_knows: Callable[[Topic], bool] | None = None,
+                 companion_required: Iterable[str] = ()) -> TopicAgenda:
         """The agenda for a case: its tree with the modules and required items of its diagnoses,
         as asked in this room (``companion``: a family member came along; without one, companion
         topics are dropped, except required ones, which the patient is asked; ``companion_knows``:
-        which companion topics this one can speak to), and a length
+        which companion topics this one can speak to; ``companion_required``: topic ids always asked
+        when a companion is in the room), and a length
         target (``cfg``: :class:`mdd.config.InterviewConfig`; None: no target)."""
         use = cfg is None or cfg.checklist
         plan = checklist.plan_for(case.icd_code, case.age) if use else checklist.Plan((), (), (), ())
@@ -85,10 +87,15 @@ class TopicAgenda:
                 missing.append(item)
             else:
                 required.setdefault(tid, []).append(item)
+        if companion:  # with a family member in the room its collateral history is always asked
+            for tid in companion_required:  # (no checklist item: the rule set judges it on its own)
+                if tid in present:
+                    required.setdefault(tid, [])
         if not companion:
             root = for_audience(_ask_patient(root, set(required)), False)
-        elif companion_knows is not None:  # companion topics this companion cannot speak to (a spouse on birth)
-            root = for_audience(_ask_patient(root, set(required)), True, companion_knows)
+        elif companion_knows is not None:  # companion topics this companion cannot speak to (a spouse on birth):
+            unknown = {t.id for t in all_topics(root) if t.id in required and not companion_knows(t)}
+            root = for_audience(_ask_patient(root, unknown), True, companion_knows)  # required ones to the patient
         root = promote(root, required)
         modules = [m["id"] for m in attached_modules(case, plan.modules) if not m.get("always")]
         agenda = cls(root, rng, required=required, cap=cap, weight=topic_weight(case, modules), missing=missing,

@@ -204,6 +204,11 @@ class CompanionRole:
     def knows(self, topic: Topic) -> bool:
         return self.who.can_answer(topic, self.case)
 
+    @staticmethod
+    def required() -> tuple[str, ...]:
+        """Topic ids asked whenever a companion is in the room."""
+        return tuple(book().get("required_topics") or ())
+
     def doctor_instruction(self, topic: Topic, new_topic: bool) -> str:
         """The doctor's instruction for a question to the companion."""
         return P.DOC_TOPIC_COMPANION.format(transition=P.DOC_TRANSITION if new_topic else "",

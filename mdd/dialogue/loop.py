@@ -199,7 +199,8 @@ class Dialogue:
     async def _start(self) -> Phase:
         self.agenda = TopicAgenda.for_case(self.case, self.rng, self.cfg.interview, speed=self.persona.speed,
                                            cap=self.cfg.max_exchanges, companion=self.companion is not None,
-                                           companion_knows=self.escort.knows if self.escort else None)
+                                           companion_knows=self.escort.knows if self.escort else None,
+                                           companion_required=self.escort.required() if self.escort else ())
         return Phase.EXPERIENCE
 
     async def _experience(self) -> Phase:

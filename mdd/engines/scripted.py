@@ -74,8 +74,6 @@ class ScriptedEngine(EngineBase):
             parts.append(_fresh(rng, ph["followup"], used))
         elif ctx.get("addressee") == "companion":
             parts.append(_fresh(rng, ph["companion"], used, {"address": ctx.get("companion") or "您", "lay": lay}))
-        elif ctx.get("suicide"):
-            parts.append(_fresh(rng, ph["suicide"], used))
         elif ctx.get("kind") == "experience":
             parts.append(_fresh(rng, ph["experience"], used, {"lay": lay}))
         else:
@@ -83,7 +81,11 @@ class ScriptedEngine(EngineBase):
             if same:  # asks the way the best-scored earlier question on this topic did (its question sentence)
                 parts.append([x for x in re.split(r"(?<=[。！])", same[0]) if x.strip()][-1])
             else:
-                form = rng.choice(ph["ask_forms"][:1] if fast else ph["ask_forms"]).format(lay=lay)
+                # what the topic asks (the tree's words carry what the checklist needs), or its lay phrase
+                body = (ctx.get("ask") or lay).rstrip("。？?")
+                form = rng.choice(ph["ask_forms"][:1] if fast else ph["ask_forms"]).format(lay=body)
+                if ctx.get("suicide"):  # safe wording: normalise first, then ask plainly
+                    parts.append(_fresh(rng, ph["suicide"], used))
                 # the whole turn's opener is what must be new: the lead's, or the question's without one
                 options = [lead + form for lead in ph["leads"]]
                 parts.append(options[0] if parts else _fresh(rng, options, used))

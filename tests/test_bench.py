@@ -18,7 +18,9 @@ CASES = {"synth.cases": str(REPO / "data" / "cases")}
 
 @pytest.fixture(scope="module")
 def recorded():
-    """One real dialogue's calls (scripted engine), as the pipeline sent them."""
+    """One real dialogue's calls (scripted engine), as the pipeline sent them: the first sample
+    case's that reaches a topic-end verdict (a dialogue whose required topics fill its length
+    target, as a minor's with a parent in the room may, asks for none)."""
     import asyncio
 
     from mdd.cases import load_cases
@@ -26,12 +28,15 @@ def recorded():
 
     cfg = load_config(REPO_CFG, CASES)
     cases, _ = load_cases(cfg.synth.cases)
-    rec = replay.Recording(launch_engine(cfg.engine))
-    worker = DialogueWorker({c.case_id: c for c in cases[:1]}, rec, cfg.synth.dialogue, cfg.synth.seed)
-    result = asyncio.run(worker.run(cases[0].case_id, 0))
-    assert result["ok"], result
-    (calls,) = rec.calls.values()
-    return calls
+    for case in cases[:4]:
+        rec = replay.Recording(launch_engine(cfg.engine))
+        worker = DialogueWorker({case.case_id: case}, rec, cfg.synth.dialogue, cfg.synth.seed)
+        result = asyncio.run(worker.run(case.case_id, 0))
+        assert result["ok"], result
+        (calls,) = rec.calls.values()
+        if any(r.op == "IsTopicEnd" for r, _ in calls):
+            return calls
+    raise AssertionError("none of the first 4 sample cases' dialogues reached a topic-end verdict")
 
 
 def test_reference_layout_pastes_a_window_of_turns(recorded):

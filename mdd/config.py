@@ -206,7 +206,11 @@ class EvaluateConfig(_Frozen):
     idf_sample_dialogues: int = Field(300, ge=1, description="dialogues the n-gram document frequencies are "
                                       "learnt from")
     validity: ValidityConfig = ValidityConfig()
-    concurrency: int | None = Field(None, ge=1, description="scoring actors; None: CPUs - 1 (at least 1), one per GPU for sentence-transformers")
+    concurrency: int | None = Field(None, ge=1, description="shard workers (scoring and rules, one synth shard "
+                                    "each at a time); None: one per CPU, one per GPU for sentence-transformers, one "
+                                    "with the LLM judge")
+    incremental: bool = Field(True, description="evaluate only the synth shards not yet evaluated with this "
+                              "evaluator's fingerprint (eval/state.json); false: everything, IDF refitted")
     lexicon: str | None = Field(None, description="evaluator lexicon YAML; None: mdd/knowledge/lexicons.yaml")
 
 

@@ -154,6 +154,15 @@ class Store:
                 out.append(name)
         return sorted(out)
 
+    def file_sizes(self, rel: str = "") -> dict[str, int]:
+        """{name: bytes} of the files directly in the folder ``rel`` (one listing)."""
+        sel = pafs.FileSelector(self.path(rel), recursive=False, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(sel)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        return {posixpath.basename(i.path): int(i.size) for i in infos if i.type == pafs.FileType.File}
+
     # --- bytes, text, JSON --------------------------------------------------------------
 
     def read_bytes(self, rel: str) -> bytes:
@@ -256,6 +265,24 @@ class Store:
             self.fs.delete_dir(self.path(rel))
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(self.path(rel))
+
+    def copy_to(self, rel: str, other: "Store", other_rel: str) -> None:
+        """Copy one file to ``other`` (a Store on the same file system, e.g. a staging area): a hard
+        link on a local disk when it can (the files are never modified in place), else a copy; a
+        server-side copy on an object store."""
+        src, dst = self.path(rel), other.path(other_rel)
+        if self.local and other.local:
+            os.makedirs(posixpath.dirname(dst), exist_ok=True)
+            if os.path.exists(dst):
+                os.unlink(dst)
+            try:
+                os.link(src, dst)
+            except OSError:
+                import shutil
+
+                shutil.copyfile(src, dst)
+            return
+        self.fs.copy_file(src, dst)
 
     def move(self, src: str, dst: str) -> None:
         """A rename on a local disk; on an object store a copy per object, then the delete."""

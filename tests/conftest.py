@@ -32,10 +32,31 @@ def _restore_root_logging():
     root.setLevel(level)
 
 
+_S3_ENV: dict[str, str] = {}
+
+
+def s3_test_env() -> dict[str, str]:
+    """The AWS variables of the session's local S3 server (moto on a port chosen once)."""
+    if not _S3_ENV:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        _S3_ENV.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_EC2_METADATA_DISABLED": "true"})
+    return _S3_ENV
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray (2 CPUs, no dashboard); reuses one that is already running."""
+    """A local Ray (2 CPUs, no dashboard); reuses one that is already running.
+
+    As on a cluster, Ray's workers read object-store credentials from their own environment (the
+    evaluation's shard workers write to OUT themselves): the local S3 server's variables are set
+    before Ray starts, so that its workers inherit them (``s3_server`` serves that endpoint)."""
     import ray
+
+    os.environ.update(s3_test_env())
     import ray.data  # noqa: F401 - now: its log handler binds sys.stderr when first imported, and a
     # first import inside a capsys test would bind that test's stream, closed for every later test
     started = False
@@ -142,13 +163,10 @@ def s3_server():
     """A real S3 API on 127.0.0.1 (moto's standalone server, from the dev extra) for the whole
     session; the AWS variables point this process (and the subprocesses it starts) at it.
     Yields ``new_uri()``: a fresh ``s3://bucket/prefix`` per call."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    env = s3_test_env()
+    port = int(env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -64,10 +64,10 @@ def test_crash_mid_stage_keeps_the_previous_outputs(evaluated, capsys, monkeypat
 
     _, out, before = evaluated
 
-    def crash(*a, **kw):  # eval/turns and eval/rules are written (to the staging area) by now
+    def crash(*a, **kw):  # the workers wrote eval/turns, rules, dialogues (to the staging area) by now
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(stage, "_dialogue_eval", crash)
+    monkeypatch.setattr(stage.aggregate, "coverage_of", crash)
     capsys.readouterr()
     assert evaluate_main(["--config", "configs/local.yaml", "--out", str(out), "--quiet"]) == 1
     err = _one_line_error(capsys)

@@ -205,9 +205,9 @@ def _with_metrics(table: pa.Table, m: dict[str, np.ndarray], hq: np.ndarray, rea
 
 # --- what the stage's driver prepares for the scorers --------------------------------------
 
-def load_records(out: Any) -> dict[str, dict[str, str]]:
+def load_records(out: Any, case_ids: set[str] | None = None) -> dict[str, dict[str, str]]:
     """``OUT/cases.parquet`` as {case_id: {field path: text}}; {} when the run has none (imports).
-    ``out``: a path, URI or ``mdd.storage.Store``."""
+    ``out``: a path, URI or ``mdd.storage.Store``; ``case_ids``: only these cases."""
     import logging
 
     from mdd.storage import open_store
@@ -221,6 +221,10 @@ def load_records(out: Any) -> dict[str, dict[str, str]]:
         logging.getLogger("mdd.evaluate").warning("%s: unreadable, faithfulness stays unknown: %s",
                                                   store.display("cases.parquet"), exc)
         return {}
+    if case_ids is not None:
+        import pyarrow.compute as pc
+
+        table = table.filter(pc.is_in(table.column("case_id"), value_set=pa.array(sorted(case_ids), pa.string())))
     return {cid: dict(fields or []) for cid, fields in zip(table.column("case_id").to_pylist(),
                                                            table.column("fields").to_pylist()) if cid}
 

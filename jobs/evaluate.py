@@ -2,7 +2,8 @@
 
     python -m jobs.evaluate --config configs/local.yaml --out DIR [--embedder NAME] [--judge NAME]
 
-Reads DIR/synth/*.parquet; writes DIR/eval/{turns,rules,dialogues}/, DIR/index/ and the
+Reads DIR/synth/*.parquet (only the shards not yet evaluated with this evaluator, unless --full);
+writes DIR/eval/{turns,rules,dialogues,pairs}/<shard>.parquet, DIR/index/ and the
 ``evaluate`` key of DIR/run.json; prints a quality summary.
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="overall score a high-quality exchange needs once it passed every gate")
     ap.add_argument("--batch-size", type=int, default=None, help="exchanges per scoring batch")
     ap.add_argument("--concurrency", type=int, default=None, help="scoring actors")
+    ap.add_argument("--full", action="store_true", help="evaluate every shard again and refit the IDF (default: "
+                    "only shards not yet evaluated with this evaluator, eval/state.json)")
     ap.add_argument("--quiet", action="store_true")
     return ap
 
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from mdd.evaluate.stage import run_evaluate
 
     try:
-        run_evaluate(cfg, out, quiet=args.quiet)
+        run_evaluate(cfg, out, quiet=args.quiet, full=args.full)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1

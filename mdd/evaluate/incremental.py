@@ -57,8 +57,7 @@ def _files_hash(paths: list[Path], root: Path) -> str:
 
 def code_hash() -> str:
     """The evaluator's code: every module of mdd/evaluate/ and the index."""
-    files = sorted((_PKG / "evaluate").glob("*.py")) + sorted(_PKG.glob("index*.py")) + \
-        sorted((_PKG / "index").glob("*.py"))
+    files = sorted((_PKG / "evaluate").glob("*.py")) + sorted((_PKG / "index").glob("*.py"))
     return _files_hash(files, _PKG)
 
 

@@ -13,6 +13,11 @@ def _short(text: str | None, n: int = 80) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def _times(hit: dict) -> str:
+    n = hit.get("count") or 1
+    return f" (and {n - 1} more identical)" if n > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mdd search", description="nearest high-quality QA pairs")
     ap.add_argument("--out", required=True, help="run folder (or s3:// / gs:// URI) holding index/")
@@ -33,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     n = 100000 if args.full else 80
     for rank, h in enumerate(hits, 1):
-        print(f"{rank}. score={h['score']:.3f}  {h['dialogue_id']} turn {h['turn']}  "
+        print(f"{rank}. score={h['score']:.3f}  {h['dialogue_id']} turn {h['turn']}{_times(h)}  "
               f"diagnosis={h.get('diagnosis') or '-'} ({h.get('icd_code') or '-'})")
         print(f"   问: {_short(h.get('question'), n)}")
         print(f"   答: {_short(h.get('answer'), n)}")

@@ -185,6 +185,27 @@ class ValidityConfig(_Frozen):
     seed: int = 0
 
 
+class IndexConfig(_Frozen):
+    """The FAISS index of the high-quality pairs (mdd/index/)."""
+
+    dim: int = Field(1024, ge=8, description="index vectors: the embedder's projected to this many dimensions "
+                     "(seeded random projection; embedders not wider are kept), stored as 8-bit scalars")
+    seed: int = Field(0, description="seed of the projection matrix")
+    flat_max_pairs: int = Field(10_000, ge=1, description="up to this many distinct pairs an exact flat scan; "
+                                "above it an IVF index trained on a sample")
+    nlist: int | None = Field(None, ge=1, description="IVF lists; None: about 4 x sqrt(pairs)")
+    min_recall: float = Field(0.95, gt=0.0, le=1.0, description="IVF: the smallest nprobe (a power of two) whose "
+                              "recall@10 against exact search on held-back queries reaches this")
+    queries: int = Field(200, ge=1, description="held-back queries for the recall measurements")
+    train_pairs: int = Field(20_000, ge=1, description="pairs the quantizer (and IVF) is trained on, at most")
+    check_pairs: int = Field(2_000, ge=0, description="pairs re-embedded with the full embedder to measure the "
+                             "compaction's recall@10")
+    near_duplicate_cos: float = Field(0.95, gt=0.0, le=1.0, description="cosine at which two distinct pairs "
+                                      "count as near-duplicates (measured, not merged)")
+    row_group_size: int = Field(1024, ge=1, description="sidecar rows per Parquet row group (a search reads "
+                                "only the row groups of its hits)")
+
+
 class EvaluateConfig(_Frozen):
     embedder: str = "hashing"
     embedder_model: str | None = None
@@ -209,6 +230,7 @@ class EvaluateConfig(_Frozen):
     concurrency: int | None = Field(None, ge=1, description="shard workers (scoring and rules, one synth shard "
                                     "each at a time); None: one per CPU, one per GPU for sentence-transformers, one "
                                     "with the LLM judge")
+    index: IndexConfig = IndexConfig()
     incremental: bool = Field(True, description="evaluate only the synth shards not yet evaluated with this "
                               "evaluator's fingerprint (eval/state.json); false: everything, IDF refitted")
     lexicon: str | None = Field(None, description="evaluator lexicon YAML; None: mdd/knowledge/lexicons.yaml")

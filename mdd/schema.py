@@ -193,6 +193,8 @@ QA_SIDECAR = pa.schema(
         pa.field("icd_code", pa.string()),
         pa.field("topic", pa.string()),
         pa.field("persona", pa.string()),
+        pa.field("count", pa.int32()),  # occurrences of this exact (question, answer) among the run's HQ pairs
+        pa.field("dialogue_ids", pa.list_(pa.string())),  # the dialogues they came from (sorted)
     ]
 )
 

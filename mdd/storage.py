@@ -214,6 +214,35 @@ class Store:
         if self.written is not None:
             self.written[rel] = table.num_rows
 
+    @contextmanager
+    def parquet_writer(self, rel: str, schema: pa.Schema, compression: str = "zstd") -> Iterator[Any]:
+        """A Parquet file written in pieces (``writer.write(table, row_group_size)``) without
+        holding it whole in memory; seen whole or not at all like ``write_table`` (local: a hidden
+        temporary file renamed into place; object store: one multipart upload completed at the end)."""
+        dst = self.path(rel)
+        rows = 0
+        if self.local:
+            parent, name = posixpath.split(dst)
+            os.makedirs(parent, exist_ok=True)
+            sink: Any = posixpath.join(parent, f".{name}.tmp")
+        else:
+            sink = self.fs.open_output_stream(dst)
+        try:
+            with pq.ParquetWriter(sink, schema, compression=compression) as writer:
+                class _Counting:
+                    def write(self, table: pa.Table, row_group_size: int | None = None) -> None:
+                        nonlocal rows
+                        writer.write_table(table, row_group_size=row_group_size)
+                        rows += table.num_rows
+                yield _Counting()
+        finally:
+            if not self.local:
+                sink.close()
+        if self.local:
+            os.replace(sink, dst)
+        if self.written is not None:
+            self.written[rel] = rows
+
     def parquet_files(self, rel: str) -> list[str]:
         """``rel`` if it is a file, else the ``*.parquet`` files in the folder ``rel`` (by name)."""
         kind = self._info(rel).type

@@ -127,11 +127,13 @@ def test_index_matches_high_quality(run):
     side = pq.read_table(out / "index" / "qa.parquet")
     assert side.schema.equals(QA_SIDECAR, check_metadata=False)
     ids, vecs = index_vectors(out)
-    assert len(ids) == side.num_rows == hq.num_rows
-    assert set(zip(side.column("dialogue_id").to_pylist(), side.column("turn").to_pylist())) == set(
+    assert len(ids) == side.num_rows == len(set(zip(hq.column("question").to_pylist(), hq.column("answer").to_pylist())))
+    assert sum(side.column("count").to_pylist()) == hq.num_rows  # every HQ exchange, duplicates counted
+    assert set(zip(side.column("dialogue_id").to_pylist(), side.column("turn").to_pylist())) <= set(
         zip(hq.column("dialogue_id").to_pylist(), hq.column("turn").to_pylist()))
     assert side.column("diagnosis").null_count == 0
-    assert json.loads((out / "index" / "meta.json").read_text())["embedder"] == "hashing"
+    meta = json.loads((out / "index" / "meta.json").read_text())
+    assert meta["embedder"] == "hashing" and meta["pairs"] == hq.num_rows and meta["bytes"]["per_pair"] <= 2048
 
 
 def test_rerun_replaces_and_is_deterministic(run, capsys):

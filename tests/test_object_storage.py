@@ -59,7 +59,8 @@ def test_run_to_object_storage_survives_kill_and_resumes_from_the_uri(s3_server,
     assert turns.num_rows == sum(synth.column("n_exchanges").to_pylist())
     run = store.read_run_json()
     assert run["evaluate"]["dialogues"] == 48 and run["synthesize"]["counts"]["dialogues_in_output"] == 48
-    assert store.read_json("index/meta.json")["size"] == run["evaluate"]["high_quality"] > 0
+    meta = store.read_json("index/meta.json")
+    assert meta["pairs"] == run["evaluate"]["high_quality"] > 0 and 0 < meta["size"] <= meta["pairs"]
     assert not store.exists(".staging")
 
     capsys.readouterr()

@@ -73,7 +73,8 @@ class ExemplarRetriever:
         self.source = cfg.index
         self.size = int(self.searcher.index.ntotal)
         self.by_topic: dict[str, list[int]] = {}
-        for i, row in self.searcher.rows.items():
+        self.rows = self.searcher.all_rows()
+        for i, row in self.rows.items():
             self.by_topic.setdefault(row.get("topic") or "", []).append(int(i))
 
     @classmethod
@@ -91,13 +92,13 @@ class ExemplarRetriever:
         import numpy as np
 
         cfg = self.cfg
-        q = self.searcher.embedder.encode([self.query_text(topic, ask, last_answer)])
+        q = self.searcher.embed([self.query_text(topic, ask, last_answer)])
         scores, ids = self.searcher.index.search(q, min(cfg.candidates, self.size))
         hits = {int(i): float(s) for s, i in zip(scores[0], ids[0]) if i >= 0}
         same_topic = self.by_topic.get(topic, [])
         missing = [i for i in same_topic if i not in hits]
         if missing:  # same-topic pairs outside the nearest candidates: score them too
-            vecs = np.vstack([self.searcher.index.reconstruct(i) for i in missing])
+            vecs = np.vstack([self.searcher.vector(i) for i in missing])
             for i, s in zip(missing, (vecs @ q[0]).tolist()):
                 hits[i] = float(s)
         topical = set(same_topic)
@@ -106,7 +107,7 @@ class ExemplarRetriever:
         per_case: dict[Any, int] = {}
         questions: set[str] = set()
         for i in order:
-            row = self.searcher.rows[i]
+            row = self.rows[i]
             src = row.get("case_id")
             question = (row.get("question") or "").strip()
             if src == case_id or hits[i] < cfg.min_score or not question or question in questions:

@@ -76,6 +76,7 @@ def components(cfg: Any, faith_mode: str, per_batch: int) -> dict[str, Any]:
         "judge_engine": f"{cfg.engine.name}:{cfg.engine.model}" if llm else None,
         "threshold": ev.threshold, "distractors": ev.distractors, "per_batch": per_batch,
         "relevance_spaces": ev.relevance_spaces,
+        "index_vectors": {"dim": ev.index.dim, "seed": ev.index.seed},
         "lexicon": _files_hash([lexicon], lexicon.parent),
         "rule_sets": [str(r) for r in ev.rule_sets],
         "rules": _files_hash(rule_files + [_PKG / "knowledge" / "checklists.yaml"], _PKG),

@@ -6,7 +6,7 @@
                         eval/{turns,rules,dialogues,pairs}/<shard>.parquet, return small partials
     partials (kept + new) ──▶ aggregate.merge ──▶ eval/coverage/, run.json["evaluate"]
     validity self-check on a bounded sample ──▶ eval/validity.parquet
-    eval/pairs/ ──▶ index/ (FAISS index of the high-quality pairs)
+    eval/pairs/ ──▶ index/ (FAISS index of the distinct high-quality pairs, built in a worker: mdd/index/)
 
 The driver holds shard names, partial aggregates and bounded samples, never the corpus. The
 settings and every input shard are checked before anything is touched; the outputs are staged and
@@ -140,7 +140,7 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
         plan.todo, workers, 1 if gpu else None, src=out, dst=dst, columns=DIALOGUE_COLUMNS, per_batch=per_batch,
         scorer_kwargs=scorer_kwargs, embedder=ev.embedder, embedder_model=ev.embedder_model,
         rule_sets=tuple(ev.rule_sets), judge=ev.judge, engine_cfg=cfg.engine,
-        metadata={incremental.FINGERPRINT_KEY: plan.fingerprint})
+        metadata={incremental.FINGERPRINT_KEY: plan.fingerprint}, index_cfg=ev.index)
     sizes = out.file_sizes(SYNTH)
     entries = {**plan.keep, **{s: {"bytes": sizes.get(s), "partial": p} for s, p in new.items()}}
     t_metrics = time.perf_counter()
@@ -153,11 +153,12 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
 
     validity = _validity(cfg, out, dst, shards, scorer_kwargs, per_batch)
 
-    # FAISS index of the high-quality pairs, from the shards' pairs tables
-    from mdd.index import build_index
+    # FAISS index of the high-quality pairs, from the shards' pairs tables, built in a worker
+    import ray
 
-    pairs = dst.read_table("eval/pairs")
-    meta = build_index(dst, pairs, embedder_name=ev.embedder, embedder_model=ev.embedder_model)
+    from mdd.index import build_from_pairs
+
+    meta = ray.get(ray.remote(num_cpus=1)(build_from_pairs).remote(dst, ev.embedder, ev.embedder_model, ev.index))
 
     wall = time.perf_counter() - t0
     counts = aggregate.summary_counts(total, coverage)
@@ -165,7 +166,8 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
     return {
         **counts,
         "threshold": ev.threshold,
-        "index": {"size": meta["size"], "dim": meta["dim"]},
+        "index": {k: meta[k] for k in ("size", "pairs", "dim", "type", "nprobe")}
+        | {"recall_at_10": meta["recall_at_10"]["value"], "bytes_per_pair": meta["bytes"]["per_pair"]},
         "embedder": ev.embedder if not ev.embedder_model else f"{ev.embedder}:{ev.embedder_model}",
         "judge": ev.judge,
         "faithfulness": faith_mode if faith_mode != "default" else f"default={ev.faithfulness_default}",
@@ -219,8 +221,9 @@ def format_summary(s: dict) -> str:
         f"({s['dialogues_per_s']:.1f} dialogues/s, {s['exchanges_per_s']:.0f} exchanges/s); "
         f"embedder {s['embedder']}, judge {s['judge']}, faithfulness {s['faithfulness']}",
         f"high quality (every gate passed, then overall >= {s['threshold']}): {s['high_quality']} / "
-        f"{s['exchanges']} = {100 * s['high_quality_share']:.1f}%   index: {s['index']['size']} pairs, "
-        f"{s['index']['dim']}-d",
+        f"{s['exchanges']} = {100 * s['high_quality_share']:.1f}%   index: {s['index']['size']} distinct pairs "
+        f"(of {s['index'].get('pairs', s['index']['size'])}), {s['index']['dim']}-d {s['index'].get('type', '')}, "
+        f"{s['index'].get('bytes_per_pair') or 0:.0f} bytes per pair",
         "first failed gate (hq_reason): " + ", ".join(f"{k} {v}" for k, v in s["hq_reasons"].items() if v),
         "",
         f"{'metric':<18}{'mean':>8}",

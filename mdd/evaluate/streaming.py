@@ -2,7 +2,8 @@
 
     driver ── shard names ──▶ ShardEvaluator actors (as many as configured; one shard each at a time)
                                  read OUT/synth/<shard>.parquet
-                                 score (ExchangeScorer, in batches of whole dialogues), judge the rules
+                                 score (ExchangeScorer, in batches of whole dialogues), judge the rules,
+                                 embed the high-quality pairs (compact index vectors, mdd/index/)
                                  write <eval>/turns/<shard>, rules/<shard>, dialogues/<shard>, pairs/<shard>
            ◀── a partial aggregate (mdd/evaluate/aggregate.py: a few KB) per shard
 
@@ -82,7 +83,7 @@ class ShardEvaluator:
 
     def __init__(self, src: Any, dst: Any, columns: list[str], per_batch: int, scorer_kwargs: dict[str, Any],
                  embedder: str, embedder_model: str | None, rule_sets: tuple[str, ...], judge: str,
-                 engine_cfg: Any, metadata: dict[str, str]):
+                 engine_cfg: Any, metadata: dict[str, str], index_cfg: Any):
         from mdd.evaluate.embedders import make_embedder
         from mdd.evaluate.judges import make_judge
         from mdd.evaluate.rules import load_rules
@@ -94,6 +95,7 @@ class ShardEvaluator:
         self.rules = load_rules(rule_sets)
         self.judge = make_judge(judge, engine_cfg=engine_cfg)
         self.metadata = metadata
+        self.index_cfg = index_cfg
 
     def run(self, shard: str) -> tuple[str, dict[str, Any]]:
         import pyarrow.parquet as pq
@@ -108,7 +110,10 @@ class ShardEvaluator:
         turns = scored.select([f.name for f in TURN_EVAL]).cast(TURN_EVAL)
         rules = judge_shard(self.rules, self.judge, dialogues)
         dial = dialogue_eval(turns, rules)
-        pairs = scored.filter(scored.column("high_quality")).select(PAIR_COLUMNS)
+        from mdd.index import with_vectors
+
+        pairs = with_vectors(scored.filter(scored.column("high_quality")).select(PAIR_COLUMNS), self.embedder,
+                             self.index_cfg)
         name = output_name(shard)
         for folder, table in zip(TABLES, (turns, rules, dial, pairs)):
             self.dst.write_table(table, f"eval/{folder}/{name}", metadata=self.metadata)

@@ -1,177 +1,203 @@
 """FAISS index of the high-quality question/answer pairs.
 
-``OUT/index/qa.faiss``: ``IndexIDMap2(IndexFlatIP(d))`` over L2-normalised float32 embeddings of
-``"【问】question\\n【答】answer"``; ids are the positions of the rows in (dialogue_id, turn)
-order. ``OUT/index/qa.parquet``: the sidecar (QA_SIDECAR), same ids. ``OUT/index/meta.json``: the
-embedder used, so that a search embeds its query the same way.
-OUT may be a path or an
-object-store URI: the index crosses ``mdd/storage.py`` as bytes (``faiss.serialize_index``).
+``OUT/index/qa.faiss``: one vector per *distinct* pair (exact duplicates merged), the embedder's
+vector of ``"【问】question\\n【答】answer"`` projected to ``evaluate.index.dim`` dimensions
+(``compact.py``) and 8-bit scalar-quantized; an exact flat scan for small runs, an IVF index above
+``evaluate.index.flat_max_pairs`` (``build.py``). Inner product on L2-normalised vectors; ids are
+row positions of ``OUT/index/qa.parquet``, the sidecar (QA_SIDECAR, with ``count`` and
+``dialogue_ids`` of the merged duplicates). ``OUT/index/meta.json``: embedder, projection, type,
+recall figures, bytes per pair, so that a search embeds its query the same way.
+
+A search (:class:`Searcher`) opens the index memory-mapped (``faiss.IO_FLAG_MMAP``: an IVF search
+touches only the lists it probes) and reads only the sidecar row groups of its hits. OUT may be a
+path or an object-store URI (the index file is then fetched to a local temporary file first).
 """
 from __future__ import annotations
 
+import atexit
+import bisect
+import os
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from mdd.schema import QA_SIDECAR
 from mdd.storage import Store, open_store
 
 INDEX_DIR = "index"
 INDEX_FILE = "qa.faiss"
 SIDECAR_FILE = "qa.parquet"
 META_FILE = "meta.json"
+PAIRS_DIR = "eval/pairs"
 
 
 def qa_text(question: str | None, answer: str | None) -> str:
     return f"【问】{question or ''}\n【答】{answer or ''}"
 
 
-def _gpu_available(faiss: Any) -> bool:
-    try:
-        return faiss.get_num_gpus() > 0 and hasattr(faiss, "index_cpu_to_all_gpus")
-    except Exception:  # noqa: BLE001 - CPU builds may lack the GPU API altogether
-        return False
+def _index_cfg(cfg: Any | None) -> Any:
+    if cfg is None:
+        from mdd.config import IndexConfig
+
+        return IndexConfig()
+    return cfg
 
 
-def _to_gpu(index: Any) -> Any:
-    import faiss
+def pair_vectors(embedder: Any, questions: list, answers: list, cfg: Any) -> tuple[list[int], pa.Array]:
+    """(keys, vector column) of the pairs: what a shard worker adds to its pairs table."""
+    from mdd.index.compact import pair_key, project, projected_dim
 
-    if _gpu_available(faiss):
-        try:
-            return faiss.index_cpu_to_all_gpus(index)
-        except Exception:  # noqa: BLE001 - keep the CPU index when the move fails
-            return index
-    return index
-
-
-def _to_cpu(index: Any) -> Any:
-    import faiss
-
-    if hasattr(faiss, "index_gpu_to_cpu") and _gpu_available(faiss):
-        try:
-            return faiss.index_gpu_to_cpu(index)
-        except Exception:  # noqa: BLE001 - already on the CPU
-            return index
-    return index
+    texts = [qa_text(q, a) for q, a in zip(questions, answers)]
+    dim = projected_dim(embedder.dim, cfg.dim)
+    vecs = project(embedder.encode(texts), cfg.dim, cfg.seed) if texts else np.zeros((0, dim), np.float32)
+    col = pa.FixedSizeListArray.from_arrays(pa.array(vecs.astype(np.float16).reshape(-1), pa.float16()), dim)
+    return [pair_key(t) for t in texts], col
 
 
-def sort_rows(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """Sort by (dialogue_id, turn); returns the sorted table and the permutation."""
-    order = pc.sort_indices(table, sort_keys=[("dialogue_id", "ascending"), ("turn", "ascending")])
-    return table.take(order), np.asarray(order.to_numpy(), dtype=np.int64)
+def with_vectors(rows: pa.Table, embedder: Any, cfg: Any) -> pa.Table:
+    keys, col = pair_vectors(embedder, rows.column("question").to_pylist(), rows.column("answer").to_pylist(), cfg)
+    return rows.append_column("key", pa.array(keys, pa.int64())).append_column("vector", col)
+
+
+def _full_embedder(embedder: Any, cfg: Any) -> Any:
+    """The full vectors' encoder for the compaction check (None when nothing is projected)."""
+    return embedder.encode if embedder.dim > cfg.dim and cfg.check_pairs else None
+
+
+def build_from_pairs(dst: Store, embedder_name: str, embedder_model: str | None, cfg: Any | None = None) -> dict:
+    """The index of ``dst``'s ``eval/pairs/*.parquet`` (the stage's; runs in a Ray worker)."""
+    import pyarrow.parquet as pq
+
+    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.build import build
+
+    cfg = _index_cfg(cfg)
+    files = dst.parquet_files(PAIRS_DIR)
+
+    def parts(columns: list[str]) -> Iterator[pa.Table]:
+        for f in files:
+            yield pq.read_table(dst.path(f), filesystem=dst.fs, columns=columns)
+
+    embedder = make_embedder(embedder_name, embedder_model)
+    return build(dst, parts, cfg, embedder_name, embedder_model, _full_embedder(embedder, cfg))
 
 
 def build_index(
     out_dir: str | Path | Store,
     rows: pa.Table,
-    vectors: np.ndarray | None = None,
     embedder: Any | None = None,
     embedder_name: str = "hashing",
     embedder_model: str | None = None,
+    cfg: Any | None = None,
 ) -> dict:
-    """Write the index of ``rows`` (QA_SIDECAR columns except ``id``; high-quality rows only).
+    """Write the index of ``rows`` (high-quality pairs: QA_SIDECAR columns without ``id``, ``count``,
+    ``dialogue_ids``), embedded here; rows are taken in (dialogue_id, turn) order. Replaces any
+    previous index."""
+    import pyarrow.compute as pc
 
-    ``vectors`` (one row per table row, same order) come from the stage; when absent the rows
-    are embedded here with ``embedder`` (or ``make_embedder(embedder_name, embedder_model)``).
-    Replaces any previous index.
-    """
-    import faiss
+    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.build import SIDECAR_COLUMNS, build
 
+    cfg = _index_cfg(cfg)
     out = open_store(out_dir)
-    rows, perm = sort_rows(rows)
-    if vectors is None:
-        if embedder is None:
-            from mdd.evaluate.embedders import make_embedder
-
-            embedder = make_embedder(embedder_name, embedder_model)
-        texts = [qa_text(q, a) for q, a in zip(rows.column("question").to_pylist(), rows.column("answer").to_pylist())]
-        vectors = embedder.encode(texts) if texts else np.zeros((0, embedder.dim), dtype=np.float32)
-        dim = int(embedder.dim)
-    else:
-        vectors = np.asarray(vectors, dtype=np.float32)[perm] if len(perm) else np.asarray(vectors, np.float32)
-        dim = int(vectors.shape[1]) if vectors.ndim == 2 and vectors.shape[1] else int(embedder.dim if embedder else 0)
-    if dim <= 0:
-        raise ValueError("index: cannot tell the embedding dimension (no vectors and no embedder)")
-    vectors = np.ascontiguousarray(vectors.reshape(-1, dim), dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    norms[norms == 0] = 1.0
-    if not np.allclose(norms, 1.0, atol=1e-5):  # the embedders normalise already
-        vectors = np.ascontiguousarray(vectors / norms, dtype=np.float32)
-    ids = np.arange(len(vectors), dtype=np.int64)
-
-    index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-    if len(ids):
-        index.add_with_ids(vectors, ids)
-    out.write_bytes(f"{INDEX_DIR}/{INDEX_FILE}", faiss.serialize_index(index).tobytes())
-
-    cols = {f.name: rows.column(f.name) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-            for f in QA_SIDECAR if f.name != "id"}
-    cols["id"] = pa.array(ids, pa.int64())
-    sidecar = pa.Table.from_pydict({f.name: cols[f.name] for f in QA_SIDECAR}).cast(QA_SIDECAR)
-    out.write_table(sidecar, f"{INDEX_DIR}/{SIDECAR_FILE}")
-    meta = {"embedder": embedder_name, "embedder_model": embedder_model, "dim": dim, "size": int(len(ids)),
-            "metric": "inner_product", "text": "【问】question\\n【答】answer"}
-    out.write_json(f"{INDEX_DIR}/{META_FILE}", meta)
-    return meta
+    embedder = embedder or make_embedder(embedder_name, embedder_model)
+    cols = {c: rows.column(c) if c in rows.column_names else pa.nulls(rows.num_rows) for c in SIDECAR_COLUMNS}
+    table = pa.table(cols)
+    if table.num_rows:
+        table = table.take(pc.sort_indices(table, sort_keys=[("dialogue_id", "ascending"), ("turn", "ascending")]))
+    table = with_vectors(table, embedder, cfg)
+    return build(out, lambda columns: iter([table.select(columns)]), cfg, embedder_name, embedder_model,
+                 _full_embedder(embedder, cfg))
 
 
-def _read_index(out: Store) -> Any:
-    import faiss
-
-    path = f"{INDEX_DIR}/{INDEX_FILE}"
-    if not out.is_file(path):
-        raise FileNotFoundError(f"{out.display(path)}: no index; run the evaluate stage first")
-    return faiss.deserialize_index(np.frombuffer(out.read_bytes(path), dtype=np.uint8))
-
-
-def load_index(out_dir: str | Path | Store, gpu: bool = True) -> tuple[Any, pa.Table, dict]:
-    out = open_store(out_dir)
-    index = _read_index(out)
-    if gpu:
-        index = _to_gpu(index)
-    meta = out.read_json(f"{INDEX_DIR}/{META_FILE}")
-    sidecar = out.read_table(f"{INDEX_DIR}/{SIDECAR_FILE}")
-    return index, sidecar, meta
-
-
-def index_vectors(out_dir: str | Path | Store) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, vectors) stored in the index, for checks."""
-    import faiss
-
-    index = _read_index(open_store(out_dir))
-    ids = faiss.vector_to_array(index.id_map).astype(np.int64)
-    vecs = np.vstack([index.reconstruct(int(i)) for i in ids]) if len(ids) else np.zeros((0, index.d), np.float32)
-    return ids, vecs
+def _local_copy(store: Store, rel: str) -> str:
+    """A local path of ``rel`` to memory-map: the file itself, or a temporary copy of a remote one."""
+    local = store.local_path(rel)
+    if local:
+        return local
+    fd, path = tempfile.mkstemp(prefix="mdd-index-", suffix=".faiss")
+    with os.fdopen(fd, "wb") as f, store.fs.open_input_stream(store.path(rel)) as src:
+        while chunk := src.read(1 << 24):
+            f.write(chunk)
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    return path
 
 
 class Searcher:
-    """Loads the index, the sidecar and the embedder once; ``search`` many times."""
+    """The index memory-mapped, its sidecar's footer and the embedder; ``search`` many times. Sidecar
+    rows are read by row group, only for the hits (``all_rows`` reads them all, for exemplars)."""
 
-    def __init__(self, out_dir: str | Path | Store):
+    def __init__(self, out_dir: str | Path | Store, mmap: bool = True):
+        import faiss
+        import pyarrow.parquet as pq
+
         from mdd.evaluate.embedders import make_embedder
 
-        self.index, sidecar, self.meta = load_index(out_dir)
-        self.rows = {r["id"]: r for r in sidecar.to_pylist()}
+        self.store = open_store(out_dir)
+        path = f"{INDEX_DIR}/{INDEX_FILE}"
+        if not self.store.is_file(path):
+            raise FileNotFoundError(f"{self.store.display(path)}: no index; run the evaluate stage first")
+        self.meta = self.store.read_json(f"{INDEX_DIR}/{META_FILE}")
+        local = _local_copy(self.store, path)
+        self.index = faiss.read_index(local, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) if mmap else \
+            faiss.read_index(local)
+        if self.meta.get("nprobe"):
+            faiss.extract_index_ivf(self.index).nprobe = int(self.meta["nprobe"])
+        self._file = self.store.fs.open_input_file(self.store.path(f"{INDEX_DIR}/{SIDECAR_FILE}"))
+        self.sidecar = pq.ParquetFile(self._file)
+        md = self.sidecar.metadata
+        self._starts = list(np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)]))
         self.embedder = make_embedder(self.meta["embedder"], self.meta.get("embedder_model"))
+        self._direct_map = False
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        from mdd.index.compact import project
+
+        proj = self.meta.get("projection") or {}
+        return project(self.embedder.encode(texts), int(proj.get("dim", self.index.d)), int(proj.get("seed", 0)))
+
+    def rows(self, ids: list[int]) -> dict[int, dict]:
+        """Sidecar rows by id, reading only the row groups that hold them."""
+        groups: dict[int, list[int]] = {}
+        for i in ids:
+            groups.setdefault(bisect.bisect_right(self._starts, i) - 1, []).append(i)
+        out = {}
+        for g, members in groups.items():
+            table = self.sidecar.read_row_group(g)
+            for i in members:
+                out[i] = table.slice(i - int(self._starts[g]), 1).to_pylist()[0]
+        return out
+
+    def all_rows(self) -> dict[int, dict]:
+        return {r["id"]: r for r in self.sidecar.read().to_pylist()}
+
+    def vector(self, i: int) -> np.ndarray:
+        import faiss
+
+        if self.meta.get("nprobe") and not self._direct_map:
+            faiss.extract_index_ivf(self.index).make_direct_map()
+            self._direct_map = True
+        return self.index.reconstruct(int(i))
 
     def search(self, text: str, k: int = 5) -> list[dict]:
         if self.index.ntotal == 0 or k <= 0:
             return []
-        q = self.embedder.encode([text])
-        scores, ids = self.index.search(q, min(k, self.index.ntotal))
-        hits = []
-        for s, i in zip(scores[0], ids[0]):
-            if i < 0:
-                continue
-            row = dict(self.rows[int(i)])
-            row["score"] = float(s)
-            hits.append(row)
-        return hits
+        scores, ids = self.index.search(self.embed([text]), min(k, self.index.ntotal))
+        hits = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0]
+        rows = self.rows([i for _, i in hits])
+        return [{**rows[i], "score": s} for s, i in hits]
 
 
 def search(out_dir: str | Path | Store, text: str, k: int = 5) -> list[dict]:
     """The ``k`` high-quality pairs nearest to ``text`` (dicts: sidecar columns + score)."""
     return Searcher(out_dir).search(text, k)
+
+
+def index_vectors(out_dir: str | Path | Store) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, vectors) stored in the index (decoded), for checks."""
+    s = Searcher(out_dir, mmap=False)
+    n = int(s.index.ntotal)
+    vecs = np.vstack([s.vector(i) for i in range(n)]) if n else np.zeros((0, s.index.d), np.float32)
+    return np.arange(n, dtype=np.int64), vecs

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from mdd.evaluate.coverage import coverage_summary
 from mdd.evaluate.gates import reason_counts
 from mdd.evaluate.rules import checklist_item
-from mdd.schema import COVERAGE, DIALOGUE_EVAL, METRICS
+from mdd.schema import DIALOGUE_EVAL, METRICS
 
 log = logging.getLogger("mdd.evaluate")
 
@@ -127,15 +127,9 @@ def merge(partials: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 def coverage_of(total: Mapping[str, Any]) -> pa.Table:
     """The merged coverage cells as the COVERAGE table (sorted by prefix, item)."""
-    keys = sorted(total["coverage"])
-    cells = total["coverage"]
-    return pa.Table.from_pydict({
-        "icd_prefix": [k[0] for k in keys],
-        "item": [k[1] for k in keys],
-        "dialogues": [cells[k][0] for k in keys],
-        "asked": [cells[k][1] for k in keys],
-        "share": [cells[k][1] / cells[k][0] for k in keys],
-    }, schema=COVERAGE)
+    from mdd.evaluate.coverage import cells_table
+
+    return cells_table(total["coverage"])
 
 
 def summary_counts(total: Mapping[str, Any], coverage: pa.Table) -> dict[str, Any]:

@@ -30,6 +30,11 @@ def coverage_table(rules: pa.Table, icd_of: Mapping[str, str | None]) -> pa.Tabl
             cell = cells.setdefault((leading_prefix(icd_of.get(d)) or "?", item), [0, 0])
             cell[0] += 1
             cell[1] += int(score is not None and score >= 1.0)
+    return cells_table(cells)
+
+
+def cells_table(cells: Mapping[tuple[str, str], list[int]]) -> pa.Table:
+    """{(icd prefix, item): [dialogues, asked]} as the COVERAGE table, sorted."""
     keys = sorted(cells)
     return pa.Table.from_pydict({
         "icd_prefix": [k[0] for k in keys],

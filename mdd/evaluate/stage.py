@@ -135,7 +135,12 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
     }
     incremental.carry_over(out, dst, plan.keep)
     gpu = is_gpu_embedder(ev.embedder) and n_gpu > 0
-    workers = 1 if ev.judge == "llm" else (ev.concurrency or (n_gpu if gpu else n_cpu))
+    # one worker per CPU that is free now (an engine actor of the same Ray may hold some): an actor
+    # waiting for a CPU that never frees would stall the pool
+    import ray
+
+    free = int(ray.available_resources().get("CPU", 0))
+    workers = 1 if ev.judge == "llm" else (ev.concurrency or (n_gpu if gpu else max(1, min(n_cpu, free))))
     new = streaming.evaluate_shards(
         plan.todo, workers, 1 if gpu else None, src=out, dst=dst, columns=DIALOGUE_COLUMNS, per_batch=per_batch,
         scorer_kwargs=scorer_kwargs, embedder=ev.embedder, embedder_model=ev.embedder_model,
@@ -154,11 +159,10 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
     validity = _validity(cfg, out, dst, shards, scorer_kwargs, per_batch)
 
     # FAISS index of the high-quality pairs, from the shards' pairs tables, built in a worker
-    import ray
-
     from mdd.index import build_from_pairs
 
-    meta = ray.get(ray.remote(num_cpus=1)(build_from_pairs).remote(dst, ev.embedder, ev.embedder_model, ev.index))
+    # (no CPU reserved: it runs after the shard workers are gone, and must not wait behind an engine actor)
+    meta = ray.get(ray.remote(num_cpus=0)(build_from_pairs).remote(dst, ev.embedder, ev.embedder_model, ev.index))
 
     wall = time.perf_counter() - t0
     counts = aggregate.summary_counts(total, coverage)

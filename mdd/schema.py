@@ -195,6 +195,7 @@ QA_SIDECAR = pa.schema(
         pa.field("persona", pa.string()),
         pa.field("count", pa.int32()),  # occurrences of this exact (question, answer) among the run's HQ pairs
         pa.field("dialogue_ids", pa.list_(pa.string())),  # the dialogues they came from (sorted)
+        pa.field("case_ids", pa.list_(pa.string())),  # their cases (sorted): exemplars never come from any of them
     ]
 )
 

@@ -55,6 +55,25 @@ def test_never_the_same_case_same_topic_first_one_per_case(index_dir):
     assert ExemplarRetriever(ExemplarConfig(index=str(index_dir), min_score=0.999)).pick("A", "食欲") == []
 
 
+def test_a_pair_said_in_several_cases_is_never_shown_to_any_of_them(tmp_path):
+    """The index stores an exact duplicate once; the case that said it second must not get it back."""
+    from mdd.index import build_index
+
+    pairs = [("G", "睡眠", "睡不好这种情况持续多久了？", "差不多三个月了。"),
+             ("A", "睡眠", "睡不好这种情况持续多久了？", "差不多三个月了。"),  # the same pair, from case A
+             ("H", "睡眠", "夜里会醒几次？", "两三次吧。")]
+    rows = pa.Table.from_pylist([{"dialogue_id": f"{c}-v0", "case_id": c, "turn": i, "topic": t, "question": q,
+                                  "answer": a, "overall": 0.8} for i, (c, t, q, a) in enumerate(pairs)])
+    build_index(tmp_path, rows, embedder_name="hashing")
+    sidecar = pq.read_table(tmp_path / "index" / "qa.parquet").to_pylist()
+    merged = [r for r in sidecar if r["count"] == 2]
+    assert len(sidecar) == 2 and len(merged) == 1 and merged[0]["case_ids"] == ["A", "G"]
+    r = ExemplarRetriever(ExemplarConfig(index=str(tmp_path), k=3))
+    assert [e.case_id for e in r.pick("A", "睡眠", "病程")] == ["H"]
+    assert [e.case_id for e in r.pick("G", "睡眠", "病程")] == ["H"]
+    assert len(r.pick("B", "睡眠", "病程")) == 2  # any other case gets both
+
+
 def test_missing_index_is_a_clear_error(tmp_path):
     with pytest.raises(ExemplarError, match=r"synth\.dialogue\.exemplars\.index: .*qa\.faiss not found"):
         resolve_index(ExemplarConfig(index=str(tmp_path)))

@@ -110,7 +110,10 @@ class ExemplarRetriever:
             row = self.rows[i]
             src = row.get("case_id")
             question = (row.get("question") or "").strip()
-            if src == case_id or hits[i] < cfg.min_score or not question or question in questions:
+            # a pair said in several cases (stored once) is from each of them; older indexes: case_id only
+            if case_id in (row.get("case_ids") or [src]) or hits[i] < cfg.min_score or not question:
+                continue
+            if question in questions:
                 continue
             if per_case.get(src, 0) >= cfg.per_case:
                 continue

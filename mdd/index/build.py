@@ -28,7 +28,7 @@ from mdd.schema import QA_SIDECAR
 
 TOPK = 10
 BATCH = 4096
-SIDECAR_COLUMNS = [f.name for f in QA_SIDECAR if f.name not in ("id", "count", "dialogue_ids")]
+SIDECAR_COLUMNS = [f.name for f in QA_SIDECAR if f.name not in ("id", "count", "dialogue_ids", "case_ids")]
 
 Parts = Callable[[list[str]], Iterator[pa.Table]]  # columns -> the pairs tables, always in the same order
 
@@ -91,15 +91,17 @@ def build(dst: Any, parts: Parts, cfg: Any, embedder_name: str, embedder_model: 
     # pass 1: distinct pairs
     seen: dict[int, list] = {}
     n_rows, dim = 0, 0
-    for t in parts(["key", "dialogue_id", "vector"]):
+    for t in parts(["key", "dialogue_id", "case_id", "vector"]):
         dim = dim or t.schema.field("vector").type.list_size
-        for k, d in zip(t.column("key").to_pylist(), t.column("dialogue_id").to_pylist()):
+        for k, d, c in zip(t.column("key").to_pylist(), t.column("dialogue_id").to_pylist(),
+                           t.column("case_id").to_pylist()):
             e = seen.get(k)
             if e is None:
-                seen[k] = [1, [d]]
+                seen[k] = [1, [d], {c}]
             else:
                 e[0] += 1
                 e[1].append(d)
+                e[2].add(c)
         n_rows += t.num_rows
     n = len(seen)
     dim = dim or cfg.dim
@@ -158,6 +160,8 @@ def build(dst: Any, parts: Parts, cfg: Any, embedder_name: str, embedder_model: 
                 cols["id"] = pa.array(range(next_id, next_id + b.num_rows), pa.int64())
                 cols["count"] = pa.array([seen[k][0] for k in bkeys], pa.int32())
                 cols["dialogue_ids"] = pa.array([sorted(seen[k][1]) for k in bkeys], pa.list_(pa.string()))
+                cols["case_ids"] = pa.array([sorted(c for c in seen[k][2] if c is not None) for k in bkeys],
+                                            pa.list_(pa.string()))
                 writer.write(pa.Table.from_pydict({f.name: cols[f.name] for f in schema}).cast(schema), cfg.row_group_size)
                 next_id += b.num_rows
 

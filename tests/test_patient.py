@@ -130,7 +130,7 @@ def test_the_doctor_re_asks_a_dodged_question(sample_run):
                     answered += not evasive(t[i + 2]["text"])
     # most dodges get a second question on the same topic (the rest hit the per-topic cap), and
     # most second questions get a real answer
-    assert dodged > 100 and reasks / dodged > 0.7 and answered / reasks > 0.5, (dodged, reasks, answered)
+    assert dodged > 80 and reasks / dodged > 0.7 and answered / reasks > 0.5, (dodged, reasks, answered)
 
 
 def test_main_job_patients_figures(sample_run):

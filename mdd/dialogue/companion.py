@@ -24,8 +24,8 @@ from mdd import knowledge
 from mdd.cases import Case
 from mdd.config import CompanionConfig
 from mdd.dialogue import prompts as P
-from mdd.dialogue.lay import lay
-from mdd.dialogue.patient import Cues, evasive, lay_facts, personal_text
+from mdd.dialogue.lay import clip, lay
+from mdd.dialogue.patient import Cues, denies, evasive, lay_facts, personal_text
 from mdd.tree import Topic
 
 _ACCOMPANIED = re.compile(r"由([^，。；,;]{1,12}?)陪同")
@@ -75,6 +75,9 @@ def _family(case: Case) -> tuple[set[str], set[str]]:
         have.add("儿子")
     if re.search(r"[育有].{0,3}[一二两三]?女|女儿", love):
         have.add("女儿")
+    for child, words in (("儿子", "儿子|一子"), ("女儿", "女儿|一女")):  # a child abroad does not come along
+        if re.search(f"(?:{words})[^，。；]{{0,6}}(?:出国|国外|海外|外地|异地)", text):
+            have.discard(child)
     if case.age < 60:
         have |= {"母亲", "父亲"} - gone
     return have, gone
@@ -189,10 +192,12 @@ class CompanionRole:
             return None
         facts = self._mine(lay_facts(self.case, topic, self.lay, self.who.pron))
         # what the patient just said is no news: only what they left out counts
-        facts = "，".join(c for c in re.split(r"[，,。；;]", facts) if c and c.replace(self.who.pron, "我") not in answer)
+        # and only what the family saw happen: a denial is no news worth cutting in for
+        facts = "，".join(c for c in re.split(r"[，,。；;]", facts)
+                         if c and c.replace(self.who.pron, "我") not in answer and not denies(c))
         if not facts or topic.kind in ("experience", "graft"):
             return None
-        played_down = affirmed and (evasive(answer) or answer.startswith(("没有", "不会", "还好", "这个没有")))
+        played_down = affirmed and (evasive(answer) or denies(answer) or answer.startswith("还好"))
         if self.rng.random() >= (self.cfg.p_correct if played_down else self.cfg.p_interject):
             return None
         self.interjections += 1
@@ -227,7 +232,7 @@ class CompanionRole:
         n = self._budget("interject_budget")
         facts = self._mine(self.lay.text(self.case.present_illness, self.who.pron))
         instruction = P.COMPANION_INTERJECT.format(pron=self.who.pron, how=P.COMPANION_ADD, budget=n)
-        return instruction, self._context(facts[:200], n, interject=True, correct=False)
+        return instruction, self._context(clip(facts, 200), n, interject=True, correct=False)
 
     def _context(self, facts: str, budget: int, *, interject: bool, correct: bool) -> dict[str, Any]:
         return {"facts": facts, "budget": budget, "interject": interject, "correct": correct,

@@ -18,6 +18,51 @@ from mdd.tree import Topic
 
 _CLAUSE = re.compile(r"([，,。；;！!？?\n]+)")
 _SPACES = re.compile(r"[ \t\u3000]+")
+# quotation marks and brackets: a clause never ends inside a pair, and a mark left without its partner
+# (a record's own typo) is taken out, so nothing shown or said has an unbalanced quote
+PAIRS = ("“”", "‘’", "（）", "()", "「」", "『』", "《》", "【】", "[]")
+
+
+def _open(text: str) -> bool:
+    return any(text.count(a) > text.count(b) for a, b in PAIRS)
+
+
+def tidy(text: str) -> str:
+    """``text`` without the quotation marks and brackets that have no partner."""
+    for a, b in PAIRS:
+        if text.count(a) != text.count(b):
+            text = text.replace(a, "").replace(b, "")
+    return text
+
+
+def split_clauses(text: str, pattern: re.Pattern = _CLAUSE) -> list[tuple[str, str]]:
+    """(clause, separator) pairs of ``text``; ``pattern`` has one capturing group (the separators).
+    A separator inside quotation marks or brackets does not end a clause (“拖累了老伴，不如早点走”)."""
+    parts = pattern.split(text or "")
+    out: list[tuple[str, str]] = []
+    buf, i = "", 0
+    while i < len(parts):
+        c, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else ""
+        buf += c
+        i += 2
+        if _open(buf) and i < len(parts):
+            buf += sep
+            continue
+        out.append((tidy(buf), sep))
+        buf = ""
+    return out
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a clause boundary (never mid-word), else ""."""
+    if len(text) <= limit:
+        return text
+    out = ""
+    for c, sep in split_clauses(text):
+        if len(out) + len(c) > limit:
+            break
+        out += c + sep[:1]
+    return out.rstrip("，,；; ")
 
 
 @dataclass(frozen=True)
@@ -65,11 +110,9 @@ class Lay:
         return self.memo[key]
 
     def _text(self, text: str, who: str) -> str:
-        parts = _CLAUSE.split(text)
         out: list[str] = []
-        for i in range(0, len(parts), 2):
-            c = self.clause(parts[i], who)
-            sep = parts[i + 1] if i + 1 < len(parts) else ""
+        for raw, sep in split_clauses(text):
+            c = tidy(self.clause(raw, who))
             if c:
                 out.append(c + sep[:1])
             elif out and sep and sep[0] in "。；;！!？?\n" and out[-1][-1:] in "，,":

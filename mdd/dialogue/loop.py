@@ -97,6 +97,7 @@ class Dialogue:
         self.answer = ""  # the answer to the doctor's current question (patient's or companion's)
         self.empathy = ""  # the empathy cue of the doctor's current turn
         self.reask = False  # the current doctor turn re-asks an evasive answer
+        self.checking = ""  # the companion's words the doctor's current question checks with the patient
         self.patient = PatientRole(case, choose_style(case, ops.derive_seed(run_seed, case.case_id, variant, "style")),
                                    ops.derive_seed(run_seed, case.case_id, variant, "patient"))
         self.patient_system = ""
@@ -290,8 +291,10 @@ class Dialogue:
              "companion": self.companion.address if self.companion else None,
              "relation": self.companion.called if self.companion else None,
              "openers": wording.used_openers(self.turns), "suicide": wording.is_suicide_topic(self.topic),
+             "last_answer": last_answer,
              "exemplars": [{"topic": e.topic, "question": e.question} for e in shown]},
         )
+        self.checking = last_answer if self.interjected else ""
         self.reask = self.interjected = False
         self._say("doctor", self.question, self.topic.topic, asked if self.cfg.exemplars.keep_in_history else instruction)
         if shown:
@@ -310,10 +313,10 @@ class Dialogue:
         trigger = await ops.trigger_exp(self.call, view, self.topic, self.sp_verdict, self.acct.fallbacks)
         instruction, context = self.patient.turn(self.topic, self.question, followup=self.followup,
                                                  empathy=bool(self.empathy), trigger=trigger, story=self.story,
-                                                 triple=self.triple)
+                                                 triple=self.triple, checking=self.checking)
         self.answer = answer = await ops.pat_gen(self.call, view, instruction, self.sp_patient, context)
         self._say("patient", answer, self.topic.topic, instruction, grounding=list(self.topic.case_fields))
-        self.patient.heard(answer)
+        self.patient.heard(answer, self.topic)
         if self.escort is not None:  # the companion may cut in, while the doctor can still follow up
             can_follow = (self.topic_exchanges + 1 < self.cfg.max_exchanges_per_topic
                           and self.exchanges + 1 < self.cfg.max_exchanges)

@@ -21,10 +21,11 @@ from typing import Any
 from mdd import knowledge
 from mdd.cases import Case
 from mdd.dialogue import prompts as P
-from mdd.dialogue.lay import Lay, lay
+from mdd.dialogue.lay import Lay, clip, lay, split_clauses
 from mdd.tree import Topic, mentions
 
 FACTS_LIMIT = 360
+_FACT_SPLIT = re.compile(r"([。；;，,]+)")
 
 
 # --- styles ----------------------------------------------------------------------------------
@@ -174,6 +175,21 @@ def evasive(answer: str) -> bool:
     return len(a) <= 12 and any(e in a for e in style_book().evasive)
 
 
+# an answer that opens by denying (没有 / 这个倒没有 / 应该没有吧 / 不会 …): what the patient said no to
+_DENIES = re.compile(r"^(?:[嗯哎唉]|这个|倒|真|应该|好像|其实|说实话|[，,…。 ])*(?:没有|没|不会|不是|从来没有|从没)")
+_SINCE = re.compile(r"(?:\d+|[一二两三四五六七八九十半]+)\s*(?:多|余)?(?:个月|年|周|天|个星期)(?:多)?")
+
+
+def denies(answer: str) -> bool:
+    return bool(_DENIES.match(answer or ""))
+
+
+def since(complaint: str) -> str:
+    """How long the complaint has lasted, as the record says it (the last duration in it: 1年, 6个月), or ""."""
+    found = _SINCE.findall(complaint or "")
+    return found[-1] if found else ""
+
+
 def category(topic: Topic) -> str | None:
     text = f"{topic.topic} {topic.ask} {topic.lay}"
     for name, c in style_book().categories.items():
@@ -200,20 +216,23 @@ def personal_text(case: Case, l: Lay, who: str = "我") -> str:
 def lay_facts(case: Case, topic: Topic, l: Lay, who: str = "我", limit: int = FACTS_LIMIT) -> str:
     """What the case says on a topic, in lay words: every clause of the topic's narrow fields (a
     personal-history sub-field, the family history …) and the clauses of the broad ones (主诉, 现病史,
-    the exam's 思维 … : ``broad_fields`` in lay_terms.yaml) that name the topic. Empty: the case says
-    nothing on it."""
+    the exam's 思维 … : ``broad_fields`` in lay_terms.yaml) that name the topic by one of its specific
+    keywords (a ``weak_keywords`` word such as 以前 or 药 counts only for a topic that has no other).
+    Whole clauses, at most ``limit`` characters. Empty: the case says nothing on it."""
+    terms = knowledge.load_yaml("lay_terms.yaml")
     words = lay_keywords(topic, l)
-    broad = set(knowledge.load_yaml("lay_terms.yaml").get("broad_fields") or ())
+    strong = tuple(k for k in words if k not in set(terms.get("weak_keywords") or ())) or words
+    broad = set(terms.get("broad_fields") or ())
     out: list[str] = []
     for f in topic.case_fields:
         text = l.text(case.get(f), who).rstrip("。；;，, ")
         if not text or text in ("无", "无特殊", "没什么特别的"):
             continue
-        clauses = [c for c in re.split(r"(?<=[。；;，,])", text + "。") if c.strip("。；;，, ")]
+        clauses = [c + sep[:1] for c, sep in split_clauses(text + "。", _FACT_SPLIT) if c.strip("。；;，, ")]
         if f in broad:
-            clauses = [c for c in clauses if any(k in c for k in words)]
+            clauses = [c for c in clauses if any(k in c for k in strong)]
         out.extend(c for c in clauses if c not in out)
-    return "".join(out).rstrip("，,；;")[:limit]
+    return clip("".join(out).rstrip("，,；;"), limit)
 
 
 def lay_keywords(topic: Topic, l: Lay) -> tuple[str, ...]:
@@ -239,6 +258,11 @@ class PatientRole:
         self.asked: Counter = Counter()
         self.withheld: set[str] = set()
         self.said: list[str] = []
+        # per topic id: what the patient said on it, and whether that affirmed it (yes) or denied it (no)
+        self.told: dict[str, list[str]] = {}
+        self.stance: dict[str, str] = {}
+        self.companion = ""  # how the patient calls the family member in the room (我妈, 我爱人 …)
+        self.since = since(self.lay.text(case.complaint))
         self.system = ""
 
     # the stable part: built once the experience is told
@@ -246,6 +270,8 @@ class PatientRole:
         c, l = self.case, self.lay
         time, people, event = triple
         withhold = "、".join(self.book.categories[w]["label"] for w in self.style.withhold)
+        if companion:
+            self.companion = str(knowledge.load_yaml("companions.yaml")["relations"][companion].get("mine", companion))
         self.system = P.PATIENT_SYSTEM.format(
             age=c.age, gender=P.gender_word(c.gender),
             work=l.text(c.section("个人史", "工作、学习情况") or c.section("个人史", "工作情况")) or "没说",
@@ -267,19 +293,25 @@ class PatientRole:
             n *= self.book.open_factor
         return max(self.book.min_budget, int(round(n)))
 
-    def heard(self, answer: str) -> None:
-        """What the patient said (it is not repeated)."""
+    def heard(self, answer: str, topic: Topic | None = None) -> None:
+        """What the patient said (it is not repeated), and on ``topic`` whether it affirmed or denied it
+        (once affirmed, a topic stays affirmed: the patient does not go back on it)."""
         self.said.append(answer)
+        if topic is not None:
+            self.told.setdefault(topic.id, []).append(answer)
+            if self.stance.get(topic.id) != "yes" and not evasive(answer):
+                self.stance[topic.id] = "no" if denies(answer) else "yes"
 
     def opening(self) -> tuple[str, dict[str, Any]]:
         n = self.budget()
         ctx = {"opening": True, "style": self.style.id, "budget": n, "complaint": self.lay.text(self.case.complaint),
-               "facts": self.lay.text(self.case.present_illness)[:300]}
+               "facts": clip(self.lay.text(self.case.present_illness), 300)}
         return P.PAT_OPENING.format(budget=n), ctx
 
     def turn(self, topic: Topic, question: str, *, followup: bool, empathy: bool, trigger: bool,
-             story: str, triple: tuple[str, str, str]) -> tuple[str, dict[str, Any]]:
-        """The instruction for this answer and the scripted engine's context."""
+             story: str, triple: tuple[str, str, str], checking: str = "") -> tuple[str, dict[str, Any]]:
+        """The instruction for this answer and the scripted engine's context. ``checking``: the
+        companion's words the doctor is checking with the patient."""
         if empathy and self.style.opens_up:
             self.opened = True
         facts = lay_facts(self.case, topic, self.lay)
@@ -311,5 +343,9 @@ class PatientRole:
             "triple": dict(zip(("time", "people", "event"), triple)), "style": self.style.id, "budget": n,
             "yes_no": yes_no, "withhold": withhold, "admit": admit, "opened": self.opened,
             "said": "".join(self.said), "body": self.lay.text(self.case.section("精神检查", "躯体症状")),
+            "question": question, "what": self.lay.topic(topic).replace("你", "我"),
+            "told": "".join(self.told.get(topic.id, ())), "stance": self.stance.get(topic.id, ""),
+            "checking": checking, "companion": self.companion, "since": self.since,
+            "story": self.lay.text(self.case.present_illness),
         }
         return instruction, ctx

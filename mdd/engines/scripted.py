@@ -16,7 +16,8 @@ from typing import Any
 from mdd.dialogue.ops import short_point, triple_phrase
 from mdd.dialogue.wording import wording
 from mdd.engines.base import Completion, EngineBase, Request
-from mdd.engines.scripted_speech import companion_answer, patient_answer
+from mdd.dialogue.patient import evasive
+from mdd.engines.scripted_speech import TIME, clauses, companion_answer, patient_answer
 from mdd.evaluate.speech import opener
 
 _GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。", "你好，我姓{s}，是今天的接诊医生。")
@@ -26,6 +27,19 @@ def _fresh(rng: random.Random, options: list[str], used: set[str], fill: dict[st
     texts = [o.format(**fill) if fill else o for o in options]
     new = [t for t in texts if opener(t) not in used]
     return rng.choice(new or texts)
+
+
+_NOT_ABOUT = re.compile(r"[没不未无]|说过|刚才|说了|这样|这个|那样|还有别的")  # nothing a follow-up could name
+
+
+def _followup(rng: random.Random, ph: dict[str, Any], used: set[str], last: str) -> str:
+    """What the last answer left open: how long or how often when it named no time, else its impact or a
+    detail; the question names what was said when that is short (你说凌晨四点就醒，…)."""
+    kind = rng.choice(("impact", "detail") if TIME.search(last) else ("time", "time", "impact", "detail"))
+    said = [c for c in clauses(last) if 4 <= len(c) <= 14 and not _NOT_ABOUT.search(c) and not evasive(c)]
+    about = ph["followup_about"].format(what=said[0].replace("我", "你")) if said else ""
+    options = [about + q for q in ph["followup"][kind]]
+    return _fresh(rng, options, used)
 
 
 def _chars(request: Request) -> int:
@@ -71,7 +85,7 @@ class ScriptedEngine(EngineBase):
         elif ctx.get("reask"):
             parts.append(_fresh(rng, ph["reask_gentle" if ctx.get("empathic") else "reask_plain"], used))
         elif ctx.get("followup"):
-            parts.append(_fresh(rng, ph["followup"], used))
+            parts.append(_followup(rng, ph, used, ctx.get("last_answer") or ""))
         elif ctx.get("addressee") == "companion":
             parts.append(_fresh(rng, ph["companion"], used, {"address": ctx.get("companion") or "您", "lay": lay}))
         elif ctx.get("kind") == "experience":

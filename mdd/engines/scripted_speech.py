@@ -4,6 +4,13 @@ A patient answer is put together from the lay facts the patient role passes in t
 (never the record itself), shaped by the style (its lead-ins and tails from ``styles.yaml``), and
 fitted to the turn's budget in characters: a terse patient says a word or two, a rambling one goes
 on past the question, a guarded one says 还好吧 until asked again.
+
+It is a deterministic stand-in, not a model, but it answers in kind and stays consistent: a denial
+names what it denies and never ends on a complaint; a follow-up on how long or how often gets a time
+(from the record's clauses on the topic, else the complaint's duration); asked again about what it
+already told, the patient refers to it instead of denying it; after the companion spoke, it agrees
+(a guarded patient plays it down) or, having denied or dodged before, admits it; no remark is said
+twice in a dialogue.
 """
 from __future__ import annotations
 
@@ -12,21 +19,29 @@ import re
 from typing import Any
 
 from mdd.dialogue.companion import book as companion_book
+from mdd.dialogue.lay import split_clauses
 from mdd.dialogue.ops import triple_phrase
-from mdd.dialogue.patient import style_book
+from mdd.dialogue.patient import denies, style_book
 
-_SPLIT = re.compile(r"[。；;，,\n！!？?]")
+_SPLIT = re.compile(r"([。；;，,\n！!？?]+)")
 _STRIP = " ，,。；;:：、"
+TIME = re.compile(r"[0-9一二两三四五六七八九十半几]+\s*多?个?多?(?:天|周|星期|月|年|小时|次|分钟)|去年|今年|前年|上个?月|"
+                   r"上周|从小|每天|每周|每晚|凌晨|半夜|小时候")
+_WH = re.compile(r"什么|怎么|多少|多久|哪|几")
+_POLAR = (("有没有", "没有"), ("会不会", "不会"), ("是不是", "不是"), ("能不能", "不能"), ("知不知道", "不知道"),
+          ("需不需要", "不需要"), ("离不离得开", "离得开"), ("抽不抽", "不抽"), ("喝不喝", "不喝"), ("用没用过", "没用过"),
+          ("害不害怕", "不害怕"), ("玩不玩", "不玩"), ("吃不吃", "不吃"))
 
 
 def clauses(text: str) -> list[str]:
-    return [c.strip(_STRIP) for c in _SPLIT.split(text or "") if c.strip(_STRIP)]
+    """The clauses of ``text`` (a separator inside quotation marks does not end one)."""
+    return [c.strip(_STRIP) for c, _ in split_clauses(text or "", _SPLIT) if c.strip(_STRIP)]
 
 
 def fit(parts: list[str], budget: int, joiner: str = "，") -> str:
     """Clauses joined up to ``budget`` characters. When not even the first one fits, the shortest one
     is said if it is near the budget; else "" (the caller says something short instead)."""
-    parts = [p for p in parts if p]
+    parts = list(dict.fromkeys(p for p in parts if p))
     out = ""
     for p in parts:
         nxt = f"{out}{joiner}{p}" if out else p
@@ -43,38 +58,134 @@ def _pick(rng: random.Random, options: list[str] | None, default: str = "") -> s
     return rng.choice(options) if options else default
 
 
+def _fresh(rng: random.Random, options: list[str] | None, said: str) -> str:
+    """A remark not said yet in this dialogue ("" when all were)."""
+    new = [o for o in options or () if o.strip(_STRIP) not in said]
+    return rng.choice(new) if new else ""
+
+
+def _styled(ph: dict[str, Any], key: str, style: str) -> list[str]:
+    table = ph.get(key) or {}
+    return table.get(style) or table.get("default") or []
+
+
+def negated(what: str) -> str:
+    """What a topic's lay phrase asks, said as a denial: 有没有听到别人听不到的声音 → 没有听到别人听不到的声音;
+    "" when the phrase asks no yes/no question."""
+    for c in clauses(what):
+        bits = c.split("、")
+        for i, bit in enumerate(bits):
+            for ask, no in _POLAR:
+                if ask in bit:  # the yes/no part and what it lists after it (没有特别兴奋、话多)
+                    rest = "、".join([bit.replace(ask, no, 1)] + [b for b in bits[i + 1:] if not _WH.search(b)])
+                    return rest.replace("或者", "也没")
+    return ""
+
+
+def _denial(ctx: dict[str, Any], rng: random.Random, ph: dict[str, Any], style: str, budget: int) -> str:
+    """No, naming what is denied when the budget leaves room; never followed by a complaint."""
+    opener = _pick(rng, _styled(ph, "no", style), "没有").rstrip("。")
+    if style == "terse":
+        return opener + ("" if opener.endswith(("。", "！", "…")) else "。")
+    what = negated(ctx.get("what", ""))
+    if not what and ctx.get("what") and not _WH.search(ctx["what"]):
+        what = ph.get("no_topic", "{what}").format(what=ctx["what"].removesuffix("的情况"))
+    said = ctx.get("said") or ""
+    parts = [opener.rstrip("！!…。"), what]
+    if style == "rambling":
+        parts.append(_fresh(rng, ph.get("no_ramble"), said))
+    elif style == "irritable":
+        parts.append(_fresh(rng, ph.get("irritable_no"), said))
+    text = fit(parts, max(budget, len(opener) + 2))
+    return text or opener + "。"
+
+
+def _time_answer(ctx, rng, ph, style, facts, lead, budget) -> str:
+    """A follow-up on how long or how often: a time from the record's clauses on the topic, else the
+    complaint's duration; a topic the patient denied stays denied."""
+    if ctx.get("stance") == "no" or not (facts or ctx.get("told")):
+        return _pick(rng, ph.get("never"), "一直都没有过。")
+    timed = [c for c in facts if TIME.search(c)]
+    new = [c for c in timed if c not in (ctx.get("said") or "")]
+    if new or timed:
+        return fit([lead + (new or timed)[0]] + new[1:2], max(budget, len((new or timed)[0]) + len(lead) + 1))
+    if ctx.get("since"):
+        return _pick(rng, _styled(ph, "since", style)).format(since=ctx["since"]).rstrip("。") + "。"
+    return _pick(rng, ph.get("since_unknown"), "有一阵子了，最近一直这样") + "。"
+
+
+def _agree(ctx, rng, ph, style, new, budget) -> str:
+    """After the companion spoke: agree (guarded: play it down), or admit what was denied or dodged."""
+    called = ctx.get("companion") or "家里人"
+    if ctx.get("stance") != "yes":
+        told = new or clauses(ctx.get("checking", ""))[-1:]
+        admit = _pick(rng, ph.get("admit"), "其实是有，")
+        return fit([admit + (told[0] if told else "")], max(budget, 12)) or admit.rstrip("，") + "。"
+    text = _pick(rng, _styled(ph, "agree", style), "对，是这样。").format(called=called)
+    if new and style in ("cooperative", "rambling", "somatising") and len(text) + len(new[0]) < budget:
+        text = text.rstrip("。") + "，" + new[0] + "。"
+    return text
+
+
 def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
     ph = style_book().scripted
     style = ctx.get("style") or "cooperative"
     budget = int(ctx.get("budget") or 80)
     lead = _pick(rng, (ph.get("lead") or {}).get(style))
-    tail = _pick(rng, (ph.get("tail") or {}).get(style))
     said = ctx.get("said") or ""
 
     if ctx.get("opening"):
         facts = [c for c in clauses(ctx.get("facts", "")) if c not in said]
         body = [f"我主要是{ctx.get('complaint', '').rstrip('。')}"] + facts[1:4]
-        return fit([lead + body[0]] + body[1:] + ([tail] if style == "rambling" else []), budget) or \
+        return fit([lead + body[0]] + body[1:] + ([_fresh(rng, (ph.get("tail") or {}).get(style), said)]
+                                                  if style == "rambling" else []), budget) or \
             fit([ctx.get("complaint", "")], budget) or "就是心里难受。"
     if ctx.get("withhold"):
         return _pick(rng, ph.get("deny"), "还好吧。")
 
-    hit = [c for c in clauses(ctx.get("facts", "")) if c not in said]  # the role passes what bears on the topic
+    facts = clauses(ctx.get("facts", ""))  # the role passes what bears on the topic
+    hit = [c for c in facts if c not in said]
+    told = clauses(ctx.get("told", ""))
+    if ctx.get("checking"):
+        return _agree(ctx, rng, ph, style, hit, budget)
+    asks = ph.get("asks") or {}
+    question = ctx.get("question", "")
+    kind = next((k for k, words in asks.items() if any(w in question for w in words)), "") \
+        if ctx.get("followup") else ""
+    if kind == "time":
+        return _time_answer(ctx, rng, ph, style, facts, lead, budget)
+    if ctx.get("followup") and ctx.get("stance") == "no" and not ctx.get("admit"):
+        return _pick(rng, ph.get("never"), "一直都没有过。")  # a follow-up on a denied topic: still no
+
     story = ""
     if ctx.get("trigger"):
         t = ctx.get("triple") or {}
-        told = clauses(ctx.get("experience", ""))
-        if ctx.get("kind") == "experience" and len(told) > 2:
-            story = "，".join(rng.sample(told[1:], min(3, len(told) - 1)))
-        else:
+        lived = [c for c in clauses(ctx.get("experience", "")) if c not in said]
+        if ctx.get("kind") == "experience" and len(lived) > 2:
+            story = "，".join(rng.sample(lived[1:], min(3, len(lived) - 1)))
+        elif ctx.get("kind") == "experience" or not lived:
             story = f"{t.get('time', '')}，{triple_phrase(t.get('people', ''), t.get('event', ''))}，那之后我心里一直放不下"
-    no = ph.get("no") or {}
+    if kind == "impact":
+        words = ph.get("function_words") or ()
+        daily = [c for c in hit + clauses(ctx.get("story", "")) if any(w in c for w in words) and c not in said]
+        if daily:
+            return fit([lead + _pick(rng, ph.get("impact"), "影响挺大的，") + daily[0]] + daily[1:2],
+                       max(budget, len(daily[0]) + 8))
     if not hit and not story:
-        return _pick(rng, no.get(style) or no.get("default"), "没有。")
-    if ctx.get("yes_no") and not ctx.get("affirmed", True) and not story:
-        return _pick(rng, no.get(style) or no.get("default"), "没有。")
+        if told or ctx.get("stance") == "yes" or (facts and ctx.get("affirmed")):
+            # asked again on what was told (on this topic or another): referred to, never denied
+            again = _pick(rng, _styled(ph, "again", style), "就是刚才说的，")
+            said_on = [c for c in told if not denies(c)] or facts
+            return fit([again + said_on[0]] if said_on else [again.rstrip("，")], max(budget, 10))
+        return _denial(ctx, rng, ph, style, budget)
+    if not ctx.get("affirmed", True) and not story:
+        # what the record says on the topic is a denial ("没有具体计划"): said as such, without a complaint
+        return fit([lead + hit[0]] + hit[1:2], max(budget, len(hit[0]) + 2)) if hit else \
+            _denial(ctx, rng, ph, style, budget)
     if ctx.get("yes_no") and hit and style in ("terse", "irritable", "guarded"):
-        return _pick(rng, ph.get("yes"), "有。")
+        short = min(hit, key=len)
+        yes = _pick(rng, ph.get("yes"), "有。").rstrip("。")
+        return fit([yes, short], budget + 4) if len(short) <= budget + 2 else yes + "。"
 
     parts = list(hit[:4]) + ([story] if story else [])
     if ctx.get("admit"):
@@ -86,20 +197,21 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
         parts = body[:2] + parts
     elif style == "rambling":
         extra = [c for c in clauses(ctx.get("experience", "")) if c not in said and c not in parts]
-        parts += rng.sample(extra, min(3, len(extra))) + clauses(tail)
+        parts += rng.sample(extra, min(3, len(extra))) + clauses(_fresh(rng, (ph.get("tail") or {}).get(style), said))
     elif style == "disorganised" and len(parts) > 1:
-        parts.insert(1, tail)
+        parts.insert(1, _fresh(rng, (ph.get("tail") or {}).get(style), said))
     elif style == "poor_recall":
         parts = [re.sub(r"\d+", "好几", p) for p in parts[:2]]
     elif style == "terse":
         parts = parts[:1]
-    more = (ph.get("more") or {}).get(style)
+    more = _fresh(rng, (ph.get("more") or {}).get(style), said)
     if more and not ctx.get("yes_no"):
-        parts += clauses(rng.choice(more))
+        parts += clauses(more)
     parts[0] = lead + parts[0]
     text = fit(parts, budget, "……" if style == "tearful" else "，")
     if not text:  # nothing fits the budget: a word or two
         text = _pick(rng, ph.get("yes"), "嗯。")
+    tail = _fresh(rng, (ph.get("tail") or {}).get(style), said + text)
     if style in ("tearful", "irritable") and tail and len(text) + len(tail) <= budget and rng.random() < 0.5:
         text += tail
     return text

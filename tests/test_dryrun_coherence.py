@@ -70,6 +70,8 @@ def problems(rows) -> dict[str, list]:
         turns, affirmed, last_topic = r["turns"], defaultdict(set), None
         for i, t in enumerate(turns):
             who, text, topic = t["speaker"], t["text"], t["topic"]
+            if not text.strip():
+                bad["empty"].append((r["dialogue_id"], i))
             if unbalanced(text):
                 bad["unbalanced"].append((r["dialogue_id"], text))
             if who == "doctor":

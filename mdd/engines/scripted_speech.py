@@ -54,6 +54,11 @@ def fit(parts: list[str], budget: int, joiner: str = "，") -> str:
     return (out.rstrip(_STRIP) + "。") if out and out[-1] not in "。！？…" else out
 
 
+def fit_first(parts: list[str], budget: int) -> str:
+    """As :func:`fit`, but the first clause is always said whole, whatever the budget."""
+    return fit(parts, max(budget, len(parts[0]) + 2)) if parts else ""
+
+
 def _pick(rng: random.Random, options: list[str] | None, default: str = "") -> str:
     return rng.choice(options) if options else default
 
@@ -108,7 +113,7 @@ def _time_answer(ctx, rng, ph, style, facts, lead, budget) -> str:
     timed = [c for c in facts if TIME.search(c)]
     new = [c for c in timed if c not in (ctx.get("said") or "")]
     if new or timed:
-        return fit([lead + (new or timed)[0]] + new[1:2], max(budget, len((new or timed)[0]) + len(lead) + 1))
+        return fit_first([lead + (new or timed)[0]] + new[1:2], budget)
     if ctx.get("since"):
         return _pick(rng, _styled(ph, "since", style)).format(since=ctx["since"]).rstrip("。") + "。"
     return _pick(rng, ph.get("since_unknown"), "有一阵子了，最近一直这样") + "。"
@@ -120,7 +125,7 @@ def _agree(ctx, rng, ph, style, new, budget) -> str:
     if ctx.get("stance") != "yes":
         told = new or clauses(ctx.get("checking", ""))[-1:]
         admit = _pick(rng, ph.get("admit"), "其实是有，")
-        return fit([admit + (told[0] if told else "")], max(budget, 12)) or admit.rstrip("，") + "。"
+        return fit_first([admit + (told[0] if told else "")], budget)
     text = _pick(rng, _styled(ph, "agree", style), "对，是这样。").format(called=called)
     if new and style in ("cooperative", "rambling", "somatising") and len(text) + len(new[0]) < budget:
         text = text.rstrip("。") + "，" + new[0] + "。"
@@ -169,18 +174,17 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
         words = ph.get("function_words") or ()
         daily = [c for c in hit + clauses(ctx.get("story", "")) if any(w in c for w in words) and c not in said]
         if daily:
-            return fit([lead + _pick(rng, ph.get("impact"), "影响挺大的，") + daily[0]] + daily[1:2],
-                       max(budget, len(daily[0]) + 8))
+            return fit_first([lead + _pick(rng, ph.get("impact"), "影响挺大的，") + daily[0]] + daily[1:2], budget)
     if not hit and not story:
         if told or ctx.get("stance") == "yes" or (facts and ctx.get("affirmed")):
             # asked again on what was told (on this topic or another): referred to, never denied
             again = _pick(rng, _styled(ph, "again", style), "就是刚才说的，")
             said_on = [c for c in told if not denies(c)] or facts
-            return fit([again + said_on[0]] if said_on else [again.rstrip("，")], max(budget, 10))
+            return fit_first([again + said_on[0]] if said_on else [again.rstrip("，")], budget)
         return _denial(ctx, rng, ph, style, budget)
     if not ctx.get("affirmed", True) and not story:
         # what the record says on the topic is a denial ("没有具体计划"): said as such, without a complaint
-        return fit([lead + hit[0]] + hit[1:2], max(budget, len(hit[0]) + 2)) if hit else \
+        return fit_first([lead + hit[0]] + hit[1:2], budget) if hit else \
             _denial(ctx, rng, ph, style, budget)
     if ctx.get("yes_no") and hit and style in ("terse", "irritable", "guarded"):
         short = min(hit, key=len)

@@ -44,8 +44,11 @@ def run_sampled(cmd: list[str], interval: float = 0.2) -> dict[str, Any]:
     import psutil
 
     env = {**os.environ, "RAY_ADDRESS": "local", "PYTHONPATH": str(ROOT)}
+    # the job's output goes to a file: a pipe nobody reads until the end fills up (64 KiB of log lines at
+    # 20,000 dialogues) and blocks the job for ever
+    log_file = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
     root = psutil.Process(proc.pid)
     peak_driver = peak_all = 0
     while proc.poll() is None:
@@ -64,8 +67,11 @@ def run_sampled(cmd: list[str], interval: float = 0.2) -> dict[str, Any]:
                 peak_driver = max(peak_driver, rss)
         peak_all = max(peak_all, total)
         time.sleep(interval)
-    out = proc.communicate()[0]
+    proc.wait()
     wall = time.perf_counter() - t0
+    log_file.seek(0)
+    out = log_file.read()
+    log_file.close()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[2:4])} failed ({proc.returncode}):\n{out[-3000:]}")
     return {"wall_s": round(wall, 2), "peak_rss_driver_mb": round(peak_driver / 2**20, 1),

@@ -10,11 +10,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AdmissionOptions(_Frozen):
+    """How an engine admits new dialogues (mdd/engines/vllm/admission.py)."""
+
+    mode: Literal["fixed", "kv"] = Field("fixed", description="fixed: every dialogue the driver sends (synth."
+                                         "in_flight) runs at once; kv: a new dialogue waits until the engine's KV "
+                                         "cache holds it beside the live ones, by a footprint learnt from the run")
+    fill: float = Field(0.9, gt=0.0, le=1.0, description="share of the KV cache kv admission plans to fill")
+    prior_tokens: int | None = Field(None, ge=1, description="a dialogue's expected KV footprint before the run has "
+                                     "taught one (tokens, time-averaged); None: max_model_len / 2")
 
 
 class VLLMOptions(_Frozen):
@@ -36,10 +47,16 @@ class VLLMOptions(_Frozen):
                                 "'fp8_e5m2' / 'fp8': half the bytes of bf16, so twice the dialogues in flight per "
                                 "GB and half the memory read per decoded token")
     kv_cache_space_gib: float | None = Field(None, description="VLLM_CPU_KVCACHE_SPACE on the CPU build")
+    kv_cache_tokens: int | None = Field(None, ge=16, description="cap the KV cache at this many tokens (vLLM's "
+                                        "num_gpu_blocks_override; needs block_size): the benchmark's KV-pressure runs")
+    admission: AdmissionOptions = AdmissionOptions()
     enforce_eager: bool = False
     max_restarts: int = Field(2, ge=0, description="times an engine actor that died is restarted")
     per_request_seed: bool | None = Field(None, description="send each call's seed to vLLM; None: yes on GPUs, "
                                           "no on the CPU build (its sampler crashes on seeded requests in a batch)")
+    batch_invariant: bool = Field(False, description="vLLM's batch invariance (VLLM_BATCH_INVARIANT=1; GPUs of "
+                                  "compute capability 8.0+, beta, slower): with per-request seeds, a rerun gives the "
+                                  "same text byte for byte whatever else shares the batch")
     v1_multiprocessing: bool | None = Field(None, description="VLLM_ENABLE_V1_MULTIPROCESSING; None: off on the CPU "
                                             "build (a separate worker process and its polling cost a core's share "
                                             "there), vLLM's default elsewhere")
@@ -55,6 +72,12 @@ class VLLMOptions(_Frozen):
                                                "routing and failure handling, no model (a cluster dry run)")
     startup_timeout_s: float = Field(900.0, gt=0, description="wait this long for the engines to be ready")
     stats_refresh_s: float = Field(5.0, gt=0, description="how often a pool client refreshes engine load")
+
+    @model_validator(mode="after")
+    def _kv_tokens_need_blocks(self) -> "VLLMOptions":
+        if self.kv_cache_tokens is not None and self.block_size is None:
+            raise ValueError("kv_cache_tokens needs block_size (the cap is set in whole blocks)")
+        return self
 
 
 class OpenAIOptions(_Frozen):
@@ -84,6 +107,19 @@ class SamplingConfig(_Frozen):
     story_max_tokens: int = Field(400, ge=8)
     verdict_max_tokens: int = Field(8, ge=1)
     json_max_tokens: int = Field(96, ge=8)
+    doctor_min_tokens: int = Field(0, ge=0, description="doctor answers run to at least this many tokens (the end "
+                                   "token is held back until then; 0: off). With doctor_max_tokens equal, every "
+                                   "question has that length: the benchmark's production profile gives the "
+                                   "random-weight tiny model MDD-5k's turn lengths this way")
+    patient_min_tokens: int = Field(0, ge=0, description="as doctor_min_tokens, for the patient's answers")
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> "SamplingConfig":
+        for who in ("doctor", "patient"):
+            lo, hi = getattr(self, f"{who}_min_tokens"), getattr(self, f"{who}_max_tokens")
+            if lo > hi:
+                raise ValueError(f"{who}_min_tokens ({lo}) must not exceed {who}_max_tokens ({hi})")
+        return self
 
 
 class InterviewConfig(_Frozen):

@@ -70,17 +70,21 @@ class DialogueWorker:
         from mdd.dialogue.loop import run_dialogue
 
         case = self.cases[case_id]
+        finished = False
         try:
             persona = ops.choose_persona(self.personas, self.run_seed, case_id, variant)
             triple = ops.sample_triples(case, self.run_seed, variant + 1)[variant]
             row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple,
                                            self.exemplars)
+            finished = True
         except EngineError as exc:
             return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
         except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
             # retried from the start unless the exception says retrying cannot help (a 4xx request error)
             return {"ok": False, "retriable": getattr(exc, "retriable", True),
                     "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
+        finally:  # the engine frees what it kept for the dialogue (its admission room)
+            await self.engine.close_session(ops.dialogue_id(case_id, variant), finished)
         return {
             "ok": True,
             "row": row,

@@ -208,7 +208,7 @@ async def test_dead_engine_raises_engine_error_and_unsticks(ray_session):
         def __init__(self, tag):
             self.tag = tag
 
-        async def generate(self, messages, sampling, rid):
+        async def generate(self, messages, sampling, rid, session=""):
             return {"text": self.tag, "prompt_tokens": 1, "output_tokens": 1,
                     "cached_tokens": 0, "finish_reason": "stop"}
 

@@ -10,6 +10,7 @@ carries a seed derived from it too.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import random
 from dataclasses import dataclass, field
@@ -112,9 +113,9 @@ class Dialogue:
             relation=self.companion.relation, address=self.companion.address) if self.companion else "")
         s = cfg.sampling
         self.sp_doctor = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.doctor_max_tokens,
-                                  frequency_penalty=s.frequency_penalty)
+                                  frequency_penalty=s.frequency_penalty, min_tokens=s.doctor_min_tokens)
         self.sp_patient = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.patient_max_tokens,
-                                   frequency_penalty=s.frequency_penalty)
+                                   frequency_penalty=s.frequency_penalty, min_tokens=s.patient_min_tokens)
         self.sp_story = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.story_max_tokens,
                                  frequency_penalty=s.frequency_penalty)
         self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens, choice=(ops.YES, ops.NO))
@@ -125,9 +126,7 @@ class Dialogue:
     async def call(self, agent: str, op: str, messages: list[Message], sampling: Sampling,
                    context: dict[str, Any]) -> Completion:
         n = sum(self.acct.calls.values())
-        seeded = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
-                          frequency_penalty=sampling.frequency_penalty, seed=(self.seed + n) % (2**31 - 1),
-                          choice=sampling.choice, json_schema=sampling.json_schema)
+        seeded = dataclasses.replace(sampling, seed=(self.seed + n) % (2**31 - 1))
         ctx = {"persona": self.persona.id, "speed": self.persona.speed, **context}
         c = await self.engine.generate(Request(messages=tuple(messages), sampling=seeded, agent=agent, op=op,
                                                session=self.id, context=ctx))

@@ -24,7 +24,8 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """Sampling parameters. ``choice`` and ``json_schema`` request structured output."""
+    """Sampling parameters. ``choice`` and ``json_schema`` request structured output;
+    ``min_tokens`` suppresses the end of the answer until that many tokens (0: off)."""
 
     temperature: float = 0.7
     top_p: float = 0.9
@@ -33,12 +34,15 @@ class Sampling:
     seed: int | None = None
     choice: tuple[str, ...] | None = None
     json_schema: dict[str, Any] | None = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.choice is not None and self.json_schema is not None:
             raise ValueError("Sampling: choose either `choice` or `json_schema`, not both")
         if self.max_tokens < 1:
             raise ValueError(f"Sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"Sampling.min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,11 @@ class EngineBase:
         raise NotImplementedError
 
     async def close(self) -> None:
+        return None
+
+    async def close_session(self, session: str, finished: bool = True) -> None:
+        """The dialogue ``session`` is over (``finished``: it ran to its end); a pool frees what it
+        kept for it. Optional for a backend."""
         return None
 
     def metrics(self) -> dict[str, float]:

@@ -156,6 +156,8 @@ class OpenAIEngine(EngineBase):
         }
         if s.seed is not None:
             body["seed"] = s.seed
+        if s.min_tokens:
+            body["min_tokens"] = s.min_tokens  # a vLLM server extension; sent only when asked for
         if s.choice is not None:
             body["structured_outputs"] = {"choice": list(s.choice)}
         elif s.json_schema is not None:

@@ -28,6 +28,9 @@ class Recording(EngineBase):
         self.calls.setdefault(request.session, []).append((request, c))
         return c
 
+    async def close_session(self, session: str, finished: bool = True) -> None:
+        await self.inner.close_session(session, finished)
+
 
 def _split_instruction(text: str) -> tuple[str, str]:
     """A user message is "<history turn>\n\n<instruction>" (see ops.with_instruction)."""

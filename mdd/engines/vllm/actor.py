@@ -25,11 +25,14 @@ from typing import Any
 import ray
 
 from mdd.engines.base import Sampling
+from mdd.engines.vllm.admission import AdmissionGate
 
 log = logging.getLogger(__name__)
 
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
+KV_USAGE = "vllm:kv_cache_usage_perc"  # blocks held by running requests ÷ all blocks (a gauge)
+PREEMPTIONS = "vllm:num_preemptions"  # running requests pushed out of a full cache (a counter)
 
 
 class EngineDeadError(RuntimeError):
@@ -47,6 +50,7 @@ def sampling_to_dict(s: Sampling) -> dict[str, Any]:
         "seed": s.seed,
         "choice": list(s.choice) if s.choice is not None else None,
         "json_schema": s.json_schema,
+        "min_tokens": s.min_tokens,
     }
 
 
@@ -62,10 +66,12 @@ def build_sampling_params(d: dict[str, Any], max_tokens: int | None = None) -> A
         structured = StructuredOutputsParams(choice=list(d["choice"]))
     elif d.get("json_schema") is not None:
         structured = StructuredOutputsParams(json=d["json_schema"])
+    max_tokens = int(max_tokens if max_tokens is not None else d.get("max_tokens", 256))
     return SamplingParams(
         temperature=float(d.get("temperature", 0.7)),
         top_p=float(d.get("top_p", 1.0)),
-        max_tokens=int(max_tokens if max_tokens is not None else d.get("max_tokens", 256)),
+        max_tokens=max_tokens,
+        min_tokens=min(int(d.get("min_tokens") or 0), max_tokens),
         frequency_penalty=float(d.get("frequency_penalty", 0.0)),
         seed=d.get("seed"),
         structured_outputs=structured,
@@ -99,6 +105,8 @@ def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
     }
     if opts.get("block_size") is not None:
         kw["block_size"] = int(opts["block_size"])
+        if opts.get("kv_cache_tokens"):  # whole blocks, plus the null block vLLM holds back
+            kw["num_gpu_blocks_override"] = -(-int(opts["kv_cache_tokens"]) // kw["block_size"]) + 1
     if opts.get("kv_cache_dtype", "auto") != "auto":
         kw["kv_cache_dtype"] = str(opts["kv_cache_dtype"])
     if opts.get("cpu_threads") and _no_gpu(opts):
@@ -111,6 +119,22 @@ def engine_args_kwargs(model: str, opts: dict[str, Any]) -> dict[str, Any]:
         kw["tokenizer"] = str(Path(model) / "tokenizer")
     kw.update(opts.get("extra") or {})
     return kw
+
+
+def engine_env(opts: dict[str, Any]) -> dict[str, str]:
+    """Environment variables vLLM reads at start-up, from the ``VLLMOptions`` fields."""
+    env: dict[str, str] = {}
+    kv = opts.get("kv_cache_space_gib")
+    if kv is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(float(kv)))))
+    mp = opts.get("v1_multiprocessing")
+    if mp is None and _no_gpu(opts):
+        mp = False  # the CPU build: one process fewer competing for the same cores
+    if mp is not None:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if mp else "0"
+    if opts.get("batch_invariant"):
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    return env
 
 
 class PieceTokenizer:
@@ -234,15 +258,7 @@ class EngineActor:
     """One vLLM v1 ``AsyncLLM`` in a Ray actor (async methods: many calls in flight)."""
 
     def __init__(self, model: str, opts: dict[str, Any], index: int = 0) -> None:
-        kv = opts.get("kv_cache_space_gib")
-        if kv is not None:
-            # Read by the CPU build when the engine core starts (a spawned child inherits it).
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(float(kv)))))
-        mp = opts.get("v1_multiprocessing")
-        if mp is None and _no_gpu(opts):
-            mp = False  # the CPU build: one process fewer competing for the same cores
-        if mp is not None:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if mp else "0"
+        os.environ.update(engine_env(opts))  # read when the engine core starts (a spawned child inherits it)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -266,6 +282,11 @@ class EngineActor:
         cache_config = getattr(getattr(self.llm, "vllm_config", None), "cache_config", None)
         self.block_size = int(getattr(cache_config, "block_size", 0) or 0)  # as vLLM resolved it
         self.kv_cache_dtype = str(getattr(cache_config, "cache_dtype", "auto"))
+        self.kv_blocks = int(getattr(cache_config, "num_gpu_blocks", 0) or 0)
+        adm = opts.get("admission") or {}
+        self.gate = AdmissionGate(max(1, self.kv_blocks - 1) * max(1, self.block_size),
+                                  mode=adm.get("mode", "fixed"), fill=float(adm.get("fill", 0.9)),
+                                  prior_tokens=int(adm.get("prior_tokens") or self.max_model_len // 2))
         self.threads = ThreadPolicy(
             int(opts["cpu_threads"]) if kwargs.get("worker_extension_cls") == WORKER_EXTENSION else None,
             int(opts.get("cpu_threads_min_batch", 16)), self._set_threads)
@@ -297,8 +318,21 @@ class EngineActor:
         return self.piece_ids.encode(text)
 
     async def generate(
-        self, messages: list[dict[str, str]], sampling: dict[str, Any], request_id: str
+        self, messages: list[dict[str, str]], sampling: dict[str, Any], request_id: str, session: str = ""
     ) -> dict[str, Any]:
+        """One call. ``session`` names its dialogue: a new one passes the admission gate first."""
+        await self.gate.enter(session)
+        chain = hash(messages[0]["content"]) if messages else 0  # the prompt chain this call extends
+        held = 0
+        try:
+            out = await self._generate(messages, sampling, request_id)
+            held = out["prompt_tokens"] + out["output_tokens"]
+            return out
+        finally:
+            self.gate.leave(session, chain, held)
+
+    async def _generate(self, messages: list[dict[str, str]], sampling: dict[str, Any],
+                        request_id: str) -> dict[str, Any]:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDead
 
@@ -363,6 +397,18 @@ class EngineActor:
         loop = asyncio.get_running_loop()
         loop.call_later(0.5, os._exit, 1)
 
+    def end_session(self, session: str, finished: bool = True) -> None:
+        """A dialogue is over: the admission gate frees its room (and learns its footprint)."""
+        self.gate.end(session, learn=finished)
+
+    def set_admission(self, mode: str) -> str:
+        """Switch admission between ``fixed`` and ``kv`` while the engine runs (the benchmark)."""
+        if mode not in ("fixed", "kv"):
+            raise ValueError(f"admission mode must be 'fixed' or 'kv', got {mode!r}")
+        self.gate.mode = mode
+        self.gate._wake()
+        return mode
+
     def stats(self) -> dict[str, Any]:
         s: dict[str, Any] = {
             "index": self.index,
@@ -376,6 +422,9 @@ class EngineActor:
             "kv_cache_dtype": self.kv_cache_dtype,
             "threads": self.threads.current,
             "thread_switches": self.threads.switches,
+            "kv_blocks": self.kv_blocks,
+            "per_request_seed": self.seeded,
+            **self.gate.stats(),
         }
         queries = hits = None
         try:
@@ -387,6 +436,10 @@ class EngineActor:
                     queries = (queries or 0) + int(getattr(m, "value", 0))
                 elif name == PREFIX_HITS:
                     hits = (hits or 0) + int(getattr(m, "value", 0))
+                elif name == KV_USAGE:
+                    s["kv_cache_usage"] = float(getattr(m, "value", 0.0))
+                elif name == PREEMPTIONS:
+                    s["preemptions"] = s.get("preemptions", 0) + int(getattr(m, "value", 0))
         except Exception:  # pragma: no cover - metrics are best effort
             pass
         if queries is None or hits is None:  # fall back to our own per-request counts

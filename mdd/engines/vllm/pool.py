@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 _SUM_KEYS = (
     "in_flight",
+    "preemptions",
+    "live_sessions",
     "requests",
     "errors",
     "prompt_tokens",
@@ -223,6 +225,16 @@ class VLLMPoolEngine(EngineBase):
         if ent is not None:
             self._sessions[ent[0]] = max(0, self._sessions[ent[0]] - 1)
 
+    async def close_session(self, session: str, finished: bool = True) -> None:
+        """A dialogue is over: release its sticky slot here and its admission room on its engine."""
+        ent = self._sticky.get(session)
+        self.end_session(session)
+        if ent is not None:
+            try:  # fire and forget: a dead engine forgot the session anyway
+                self.actors[ent[0]].end_session.remote(session, finished)
+            except Exception:
+                pass
+
     def _mark_down(self, idx: int, session: str) -> None:
         self.end_session(session)
         self._down_until[idx] = time.monotonic() + 30.0
@@ -257,7 +269,7 @@ class VLLMPoolEngine(EngineBase):
     def _call(self, actor: Any, request: Request, rid: str) -> Any:
         """The Ray call that sends ``request`` to ``actor`` (an object ref)."""
         msgs = [m.as_dict() for m in request.messages]
-        return actor.generate.remote(msgs, sampling_to_dict(request.sampling), rid)
+        return actor.generate.remote(msgs, sampling_to_dict(request.sampling), rid, request.session)
 
     async def generate(self, request: Request) -> Completion:
         idx = self.engine_for(request.session)

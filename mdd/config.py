@@ -77,6 +77,9 @@ class VLLMOptions(_Frozen):
     def _kv_tokens_need_blocks(self) -> "VLLMOptions":
         if self.kv_cache_tokens is not None and self.block_size is None:
             raise ValueError("kv_cache_tokens needs block_size (the cap is set in whole blocks)")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.max_model_len:
+            raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold one prompt of max_model_len "
+                             f"({self.max_model_len}): vLLM refuses to start otherwise")
         return self
 
 
@@ -329,7 +332,11 @@ class ConfigError(ValueError):
 
 def _describe(err: ValidationError, path: str) -> str:
     """One line naming each bad key and what is wrong (pydantic's messages do not quote the value)."""
-    problems = [f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in err.errors()]
+    problems = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")  # our own checks already name their key
+        problems.append(f"{key}: {msg}" if key else msg)
     return f"{path}: invalid configuration: " + "; ".join(problems)
 
 

@@ -285,3 +285,43 @@ async def test_thread_policy_off_without_cpu_threads_or_after_a_failure():
     assert broken.high is None and broken.pending is None
     broken.update(1)
     assert broken.pending is None
+
+
+async def test_a_finished_dialogue_ends_its_session_on_its_engine(ray_session):
+    import ray
+
+    from mdd.cases import load_cases
+    from mdd.config import load_config
+    from mdd.driver import DialogueWorker
+    from mdd.engines.vllm import VLLMPoolEngine
+
+    @ray.remote(num_cpus=0)
+    class Recorder:
+        def __init__(self):
+            self.sessions, self.ended = set(), []
+
+        async def generate(self, messages, sampling, rid, session=""):
+            self.sessions.add(session)
+            choice = sampling.get("choice")
+            text = choice[0] if choice else ('{"covered": []}' if sampling.get("json_schema") else "嗯。")
+            return {"text": text, "prompt_tokens": 3, "output_tokens": 1, "cached_tokens": 0, "finish_reason": "stop"}
+
+        def end_session(self, session, finished=True):
+            self.ended.append((session, finished))
+
+        def seen(self):
+            return sorted(self.sessions), self.ended
+
+        def stats(self):
+            return {"in_flight": 0}
+
+    actor = Recorder.remote()
+    pool = VLLMPoolEngine([actor], "rec", stats_refresh_s=1e9)
+    cfg = load_config(None)
+    case = load_cases(cfg.synth.cases)[0][0]
+    worker = DialogueWorker({case.case_id: case}, pool, cfg.synth.dialogue, 1)
+    res = await worker.run(case.case_id, 0)
+    sessions, ended = await actor.seen.remote()
+    ray.kill(actor, no_restart=True)
+    assert res["ok"] and sessions == [res["row"]["dialogue_id"]]
+    assert ended == [(res["row"]["dialogue_id"], True)] and not pool._sticky

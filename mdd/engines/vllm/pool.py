@@ -230,9 +230,9 @@ class VLLMPoolEngine(EngineBase):
         ent = self._sticky.get(session)
         self.end_session(session)
         if ent is not None:
-            try:  # fire and forget: a dead engine forgot the session anyway
-                self.actors[ent[0]].end_session.remote(session, finished)
-            except Exception:
+            try:  # awaited, so the engine has freed the room when the dialogue's result is out
+                await asyncio.wait_for(_await_ref(self.actors[ent[0]].end_session.remote(session, finished)), 10)
+            except Exception:  # a dead engine forgot the session anyway
                 pass
 
     def _mark_down(self, idx: int, session: str) -> None:

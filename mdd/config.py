@@ -312,6 +312,11 @@ class PrivacyConfig(_Frozen):
 class Config(_Frozen):
     run_name: str = "local"
     engine: EngineConfig = EngineConfig()
+    engines: dict[str, EngineConfig] | None = Field(
+        None, description="named engines, each launched once (instead of engine:); roles: says which plays what")
+    roles: dict[str, Any] | None = Field(
+        None, description="role -> engine name, list of names or {name: weight}; default: the roles not listed. "
+                          "Roles: doctor, patient, companion, tool, judge. A dialogue draws one engine per role")
     synth: SynthConfig = SynthConfig()
     ray: RayConfig = RayConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
@@ -324,6 +329,49 @@ class Config(_Frozen):
         if not v.strip():
             raise ValueError("run_name must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _roles_name_engines(self) -> "Config":
+        if self.engines is None:
+            if self.roles is not None:
+                raise ValueError("roles: needs named engines (engines:); with engine: every role runs on it")
+            return self
+        if not self.engines:
+            raise ValueError("engines: names no engine")
+        if "engine" in self.model_fields_set:
+            raise ValueError("engine: and engines: are both given; keep one (engines: names each engine)")
+        for name in self.engines:
+            if not name or "+" in name or name == "default":
+                raise ValueError(f"engines.{name}: not a usable engine name")
+        self.role_map()  # raises naming the key
+        return self
+
+    def required_roles(self) -> tuple[str, ...]:
+        """The roles this run calls: the dialogue's, and the judge's when the evaluation asks an LLM."""
+        from mdd.engines.roles import SYNTH_ROLES
+
+        ev = self.evaluate
+        llm = ev.judge == "llm" or ev.faithfulness == "llm"
+        return SYNTH_ROLES + (("judge",) if llm else ())
+
+    def role_map(self) -> Any:
+        """The validated ``roles:`` (an ``mdd.engines.roles.RoleMap``); None with a single ``engine:``."""
+        from mdd.engines.roles import RoleMap
+
+        if self.engines is None:
+            return None
+        roles = self.roles
+        if roles is None:
+            if len(self.engines) > 1:
+                raise ValueError("roles: required when engines: names more than one engine")
+            roles = {"default": next(iter(self.engines))}
+        return RoleMap.build(roles, self.engines, self.required_roles())
+
+    def engine_for(self, role: str) -> EngineConfig:
+        """The engine config of ``role`` (the judge's for the evaluation; a mix gives its first)."""
+        if self.engines is None:
+            return self.engine
+        return self.engines[self.role_map().options(role)[0][0]]
 
 
 class ConfigError(ValueError):

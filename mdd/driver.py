@@ -32,7 +32,8 @@ import pyarrow as pa
 from mdd import privacy, provenance, schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
-from mdd.engines.base import EngineBase, EngineError, add_metrics, launch_engine, preflight_engine
+from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
+from mdd.engines.router import launch_for
 from mdd.evaluate.speech import SpeechTally
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 
@@ -85,6 +86,8 @@ class DialogueWorker:
                     "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
         finally:  # the engine frees what it kept for the dialogue (its admission room)
             await self.engine.close_session(ops.dialogue_id(case_id, variant), finished)
+        row.update(accounting_columns(acct, self.engine.models_for(row["dialogue_id"],
+                                                                   [r for r, n in acct.calls.items() if n])))
         return {
             "ok": True,
             "row": row,
@@ -103,6 +106,21 @@ class DialogueWorker:
     def engine_metrics(self) -> dict[str, float]:
         """This worker's engine counters (collected before the worker is killed)."""
         return self.engine.worker_metrics()
+
+
+def accounting_columns(acct: Any, models: dict[str, str]) -> dict[str, Any]:
+    """The dialogue row's accounting by role and by model (``models``: role -> model)."""
+    from mdd.engines.roles import per_model
+
+    return {
+        "models": models,
+        "calls_by_role": dict(acct.calls),
+        "cached_tokens_by_role": dict(acct.cached_by_role),
+        "calls_by_model": per_model(models, acct.calls),
+        "prompt_tokens_by_model": per_model(models, acct.prompt_tokens),
+        "output_tokens_by_model": per_model(models, acct.output_tokens),
+        "cached_tokens_by_model": per_model(models, acct.cached_by_role),
+    }
 
 
 # --- output helpers ---------------------------------------------------------------------------
@@ -149,6 +167,9 @@ def package_versions() -> dict[str, str]:
 # --- the run -------------------------------------------------------------------------------
 
 
+BY_MODEL = ("calls", "prompt_tokens", "output_tokens", "cached_tokens")
+
+
 @dataclass
 class RunStats:
     dialogues: int = 0
@@ -157,6 +178,8 @@ class RunStats:
     calls_by_op: Counter = field(default_factory=Counter)
     prompt_tokens_by_role: Counter = field(default_factory=Counter)
     output_tokens_by_role: Counter = field(default_factory=Counter)
+    cached_tokens_by_role: Counter = field(default_factory=Counter)
+    by_model: dict[str, Counter] = field(default_factory=lambda: {k: Counter() for k in BY_MODEL})
     fallbacks: Counter = field(default_factory=Counter)
     cached_tokens: int = 0
     exchanges: int = 0
@@ -170,6 +193,9 @@ class RunStats:
         self.exchanges += row["n_exchanges"]
         self.prompt_tokens_by_role.update(row["prompt_tokens_by_role"])
         self.output_tokens_by_role.update(row["output_tokens_by_role"])
+        self.cached_tokens_by_role.update(row.get("cached_tokens_by_role") or {})
+        for k in BY_MODEL:
+            self.by_model[k].update(row.get(f"{k}_by_model") or {})
         self.calls_by_role.update(res["calls_by_role"])
         self.calls_by_op.update(res["calls_by_op"])
         self.fallbacks.update(res["fallbacks"])
@@ -240,15 +266,16 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     if todo:
         own_engine = engine is None
         if own_engine:
-            try:
-                preflight_engine(cfg.engine)
-            except EngineError as exc:
-                raise RunRefused(f"engine {cfg.engine.name}: {exc}") from None
+            for key, ecfg in (cfg.engines or {"engine": cfg.engine}).items():  # every named engine
+                try:
+                    preflight_engine(ecfg)
+                except EngineError as exc:
+                    raise RunRefused(f"{key} {ecfg.name}: {exc}") from None
         out.update_run_json("provenance", provenance.section(existing, comp))
         init_ray(cfg.ray)
         if engine is None:
             try:
-                engine = launch_engine(cfg.engine)
+                engine = launch_for(cfg)
             except EngineError as exc:
                 raise RunRefused(f"engine {cfg.engine.name}: {exc}") from None
         try:
@@ -288,12 +315,17 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         "personal_data_masked": masked,
         "wall_time_s": round(wall, 3),
         "dialogues_per_min": round(stats.dialogues / wall * 60, 2) if wall > 0 else None,
-        "llm_calls": {"by_role": dict(stats.calls_by_role), "by_op": dict(stats.calls_by_op),
+        "llm_calls": {"by_role": dict(stats.calls_by_role), "by_model": dict(stats.by_model["calls"]),
+                      "by_op": dict(stats.calls_by_op),
                       "total": sum(stats.calls_by_op.values()),
                       "per_exchange": round(sum(stats.calls_by_op.values()) / stats.exchanges, 3)
                       if stats.exchanges else None},
         "tokens": {"prompt_by_role": dict(stats.prompt_tokens_by_role),
                    "output_by_role": dict(stats.output_tokens_by_role),
+                   "cached_by_role": dict(stats.cached_tokens_by_role),
+                   "prompt_by_model": dict(stats.by_model["prompt_tokens"]),
+                   "output_by_model": dict(stats.by_model["output_tokens"]),
+                   "cached_by_model": dict(stats.by_model["cached_tokens"]),
                    "cached_prompt_tokens": stats.cached_tokens},
         "fallbacks": dict(stats.fallbacks),
         "speech": stats.speech.summary(),  # jargon share, repeated doctor openers, patient turn lengths, styles
@@ -302,6 +334,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         # the Ray node of each dialogue worker as started, and of each engine actor
         "placement": {"dialogue_workers": worker_nodes,
                       "engines": [i.get("node") for i in getattr(engine, "launch_info", None) or []]},
+        "roles": None if cfg.roles is None and cfg.engines is None else {
+            "engines": {k: {"name": e.name, "model": e.model} for k, e in (cfg.engines or {}).items()},
+            "map": {role: [[n, w] for n, w in opts] for role, opts in cfg.role_map().choices}},
     }
     out.update_run_json("synthesize", summary)
     if not cases:

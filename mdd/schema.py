@@ -27,6 +27,19 @@ TOKENS_BY_ROLE = pa.struct(
     ]
 )
 
+# Which model played each role in a dialogue (null: the role made no call)
+MODELS_BY_ROLE = pa.struct(
+    [
+        pa.field("doctor", pa.string()),
+        pa.field("patient", pa.string()),
+        pa.field("tool", pa.string()),
+        pa.field("companion", pa.string()),
+        pa.field("judge", pa.string()),
+    ]
+)
+
+BY_MODEL = pa.map_(pa.string(), pa.int64())  # model name -> count
+
 # One row per synthesized (or imported) dialogue: OUT/synth/*.parquet
 DIALOGUE = pa.schema(
     [
@@ -64,6 +77,14 @@ DIALOGUE = pa.schema(
         pa.field("items_asked", pa.list_(pa.string())),  # those of them the doctor asked
         pa.field("exemplar_index", pa.string()),  # the run whose index/ the turns' exemplar ids point into
         pa.field("companion", pa.string()),  # who came with the patient (母亲, 丈夫 …); null: nobody
+        # accounting by role and by model (null in files written before they existed)
+        pa.field("models", MODELS_BY_ROLE),
+        pa.field("calls_by_role", TOKENS_BY_ROLE),
+        pa.field("cached_tokens_by_role", TOKENS_BY_ROLE),
+        pa.field("calls_by_model", BY_MODEL),
+        pa.field("prompt_tokens_by_model", BY_MODEL),
+        pa.field("output_tokens_by_model", BY_MODEL),
+        pa.field("cached_tokens_by_model", BY_MODEL),
     ]
 )
 

@@ -105,3 +105,19 @@ def test_min_tokens_config_is_checked():
     with pytest.raises(ConfigError, match="kv_cache_tokens .* must hold one prompt of max_model_len"):
         load_config(None, {"engine.vllm.kv_cache_tokens": 4096, "engine.vllm.block_size": 16})
 
+
+def test_every_pool_is_sized_for_the_views_its_roles_keep(tmp_path):
+    import yaml
+
+    big = {"name": "vllm", "model": "Qwen/Qwen2.5-72B-Instruct", "vllm": {"tensor_parallel_size": 4}}
+    small = {"name": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct"}
+    p = tmp_path / "pools.yaml"
+    p.write_text(yaml.safe_dump({"engines": {"big": big, "small": small},
+                                 "roles": {"doctor": "big", "patient": "small", "tool": "small"}}))
+    pools = plan.plan_pools(load_config(p), "h100-80gb")
+    assert pools["big"]["roles"] == ["doctor"] and set(pools["small"]["roles"]) == {"patient", "tool"}
+    d_big, d_small = pools["big"]["engine"]["dialogue"], pools["small"]["engine"]["dialogue"]
+    # the doctor's engine keeps only the doctor's view; the tool's verdicts need both views on `small`
+    assert d_big["mean_tokens"] < d_small["mean_tokens"]
+    assert d_small["mean_tokens"] == plan.DialogueShape().mean_tokens
+    assert pools["big"]["engine"]["tensor_parallel_size"] == 4 and pools["big"]["engine"]["fits"]

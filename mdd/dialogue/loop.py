@@ -53,6 +53,7 @@ class Accounting:
     prompt_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     output_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     cached_tokens: int = 0
+    cached_by_role: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     by_op: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
 
@@ -62,6 +63,7 @@ class Accounting:
         self.prompt_tokens[role] += c.prompt_tokens
         self.output_tokens[role] += c.output_tokens
         self.cached_tokens += c.cached_tokens
+        self.cached_by_role[role] += c.cached_tokens
         self.by_op[op] = self.by_op.get(op, 0) + 1
 
 

@@ -154,6 +154,10 @@ class EngineBase:
         kept for it. Optional for a backend."""
         return None
 
+    def models_for(self, session: str, roles: Any) -> dict[str, str]:
+        """The model that plays each of ``roles`` in dialogue ``session`` (one engine: this one)."""
+        return {r: self.model for r in roles}
+
     def metrics(self) -> dict[str, float]:
         return {}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 from typing import Any
 
 from mdd.dialogue.ops import short_point, triple_phrase
@@ -51,12 +52,18 @@ class ScriptedEngine(EngineBase):
 
     def __init__(self, model: str = "scripted"):
         self.model = model
+        self.served: Counter = Counter()  # calls by agent (this process): what a routing test checks
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.served = Counter()
 
     @classmethod
     def launch(cls, cfg: Any) -> "ScriptedEngine":
         return cls(model=getattr(cfg, "model", "scripted") or "scripted")
 
     async def generate(self, request: Request) -> Completion:
+        self.served[request.agent] += 1
         rng = random.Random(request.sampling.seed if request.sampling.seed is not None else 0)
         handler = getattr(self, f"_{request.op}", None)
         if handler is None:

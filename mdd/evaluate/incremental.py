@@ -70,10 +70,11 @@ def components(cfg: Any, faith_mode: str, per_batch: int) -> dict[str, Any]:
     lexicon = Path(ev.lexicon) if ev.lexicon else _PKG / "knowledge" / LEXICON_FILE
     rule_files = [_resolve_path(r) for r in ev.rule_sets]
     llm = ev.judge == "llm" or faith_mode == "llm"
+    judge = cfg.engine_for("judge")  # roles.judge with named engines
     return {
         "embedder": ev.embedder, "embedder_model": ev.embedder_model,
         "judge": ev.judge, "faithfulness": faith_mode, "faithfulness_default": ev.faithfulness_default,
-        "judge_engine": f"{cfg.engine.name}:{cfg.engine.model}" if llm else None,
+        "judge_engine": f"{judge.name}:{judge.model}" if llm else None,
         "threshold": ev.threshold, "distractors": ev.distractors, "per_batch": per_batch,
         "relevance_spaces": ev.relevance_spaces,
         "index_vectors": {"dim": ev.index.dim, "seed": ev.index.seed},

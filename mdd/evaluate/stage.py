@@ -54,7 +54,7 @@ def _check_settings(cfg: Any) -> None:
     ev = cfg.evaluate
     checks = {
         "evaluate.embedder": lambda: check_embedder(ev.embedder, ev.embedder_model),
-        "evaluate.judge": lambda: make_judge(ev.judge, engine_cfg=cfg.engine),
+        "evaluate.judge": lambda: make_judge(ev.judge, engine_cfg=cfg.engine_for("judge")),
         "evaluate.rule_sets": lambda: load_rules(ev.rule_sets),
         "evaluate.lexicon": lambda: load_lexicon(ev.lexicon),
     }
@@ -102,7 +102,7 @@ def _run(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, t0: flo
     if _faith_mode(cfg.evaluate) == "llm":
         from mdd.engines.base import launch_engine
 
-        judge_engine = launch_engine(cfg.engine)
+        judge_engine = launch_engine(cfg.engine_for("judge"))  # roles.judge with named engines
     try:
         return _evaluate(cfg, out, shards, dst, judge_engine, t0, full)
     finally:
@@ -144,7 +144,7 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
     new = streaming.evaluate_shards(
         plan.todo, workers, 1 if gpu else None, src=out, dst=dst, columns=DIALOGUE_COLUMNS, per_batch=per_batch,
         scorer_kwargs=scorer_kwargs, embedder=ev.embedder, embedder_model=ev.embedder_model,
-        rule_sets=tuple(ev.rule_sets), judge=ev.judge, engine_cfg=cfg.engine,
+        rule_sets=tuple(ev.rule_sets), judge=ev.judge, engine_cfg=cfg.engine_for("judge"),
         metadata={incremental.FINGERPRINT_KEY: plan.fingerprint}, index_cfg=ev.index)
     sizes = out.file_sizes(SYNTH)
     entries = {**plan.keep, **{s: {"bytes": sizes.get(s), "partial": p} for s, p in new.items()}}

@@ -31,7 +31,7 @@ def test_real_engine_killed_mid_run_is_restarted_and_its_dialogues_redone(ray_se
         "engine.vllm.admission.mode": "kv", "engine.vllm.admission.prior_tokens": 256,
         "synth.cases": str(REPO / "data" / "cases"), "synth.limit": 3, "synth.variants": 2,
         "synth.out": str(tmp_path / "out"), "synth.in_flight": 6, "synth.shard_size": 2,
-        "synth.max_attempts": 4, "synth.retry_backoff_s": 15.0,
+        "synth.max_attempts": 6, "synth.retry_backoff_s": 5.0,
         "synth.dialogue.max_exchanges": 10, "synth.dialogue.sampling.doctor_max_tokens": 12,
         "synth.dialogue.sampling.patient_max_tokens": 12, "synth.dialogue.sampling.story_max_tokens": 16,
     })

@@ -112,14 +112,14 @@ def accounting_columns(acct: Any, models: dict[str, str]) -> dict[str, Any]:
     """The dialogue row's accounting by role and by model (``models``: role -> model)."""
     from mdd.engines.roles import per_model
 
+    counts = {"calls": acct.calls, "prompt_tokens": acct.prompt_tokens, "output_tokens": acct.output_tokens,
+              "cached_tokens": acct.cached_by_role}
+    by = {k: per_model(models, v) for k, v in counts.items()}
     return {
         "models": models,
         "calls_by_role": dict(acct.calls),
         "cached_tokens_by_role": dict(acct.cached_by_role),
-        "calls_by_model": per_model(models, acct.calls),
-        "prompt_tokens_by_model": per_model(models, acct.prompt_tokens),
-        "output_tokens_by_model": per_model(models, acct.output_tokens),
-        "cached_tokens_by_model": per_model(models, acct.cached_by_role),
+        "usage_by_model": [{"model": m, **{k: by[k].get(m, 0) for k in counts}} for m in sorted(set(models.values()))],
     }
 
 
@@ -194,8 +194,9 @@ class RunStats:
         self.prompt_tokens_by_role.update(row["prompt_tokens_by_role"])
         self.output_tokens_by_role.update(row["output_tokens_by_role"])
         self.cached_tokens_by_role.update(row.get("cached_tokens_by_role") or {})
-        for k in BY_MODEL:
-            self.by_model[k].update(row.get(f"{k}_by_model") or {})
+        for u in row.get("usage_by_model") or []:
+            for k in BY_MODEL:
+                self.by_model[k][u["model"]] += u[k]
         self.calls_by_role.update(res["calls_by_role"])
         self.calls_by_op.update(res["calls_by_op"])
         self.fallbacks.update(res["fallbacks"])

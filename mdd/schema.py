@@ -38,7 +38,17 @@ MODELS_BY_ROLE = pa.struct(
     ]
 )
 
-BY_MODEL = pa.map_(pa.string(), pa.int64())  # model name -> count
+# Calls and tokens per model, one entry per model that served the dialogue (a list of structs,
+# not a map: Hugging Face datasets has no map type)
+USAGE_BY_MODEL = pa.list_(pa.struct(
+    [
+        pa.field("model", pa.string()),
+        pa.field("calls", pa.int64()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("output_tokens", pa.int64()),
+        pa.field("cached_tokens", pa.int64()),
+    ]
+))
 
 # One row per synthesized (or imported) dialogue: OUT/synth/*.parquet
 DIALOGUE = pa.schema(
@@ -81,10 +91,7 @@ DIALOGUE = pa.schema(
         pa.field("models", MODELS_BY_ROLE),
         pa.field("calls_by_role", TOKENS_BY_ROLE),
         pa.field("cached_tokens_by_role", TOKENS_BY_ROLE),
-        pa.field("calls_by_model", BY_MODEL),
-        pa.field("prompt_tokens_by_model", BY_MODEL),
-        pa.field("output_tokens_by_model", BY_MODEL),
-        pa.field("cached_tokens_by_model", BY_MODEL),
+        pa.field("usage_by_model", USAGE_BY_MODEL),
     ]
 )
 

@@ -108,6 +108,11 @@ def test_run_counts_every_role_under_its_model(ray_session, tmp_path):
     assert models["companion"].is_null().all()
     calls = df["calls_by_role"].struct.unnest()
     assert (calls["doctor"] == df["n_exchanges"]).all()
+    usage = df.select("dialogue_id", "calls_by_role", "usage_by_model").explode("usage_by_model")
+    for row in usage.iter_rows(named=True):
+        u, c = row["usage_by_model"], row["calls_by_role"]
+        want = c["doctor"] if u["model"] == "scripted-big" else c["patient"] + c["tool"]
+        assert u["calls"] == want
 
 
 def test_doctor_mix_gives_both_models_a_quarter_or_more(ray_session, tmp_path):
@@ -122,7 +127,8 @@ def test_doctor_mix_gives_both_models_a_quarter_or_more(ray_session, tmp_path):
     assert set(got) == {"scripted-big", "scripted-small"} and min(got.values()) >= 0.25
     # each dialogue's doctor calls all went to the model its row names
     for row in df.iter_rows(named=True):
-        assert row["calls_by_model"][row["models"]["doctor"]] >= row["calls_by_role"]["doctor"]
+        usage = {u["model"]: u["calls"] for u in row["usage_by_model"]}
+        assert usage[row["models"]["doctor"]] >= row["calls_by_role"]["doctor"]
 
 
 def test_a_single_engine_config_is_unchanged(ray_session, tmp_path):

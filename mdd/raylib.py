@@ -22,6 +22,7 @@ def init_ray(cfg: Any) -> None:
         ray.init(address=address, **kwargs)
     else:
         ray.init(
+            address="local",  # a new local instance: never join a cluster another process left in /tmp/ray
             num_cpus=cfg.num_cpus,
             include_dashboard=cfg.include_dashboard,
             **kwargs,

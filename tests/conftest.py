@@ -61,7 +61,7 @@ def ray_session():
     # first import inside a capsys test would bind that test's stream, closed for every later test
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
         started = True
     yield ray
     if started:

@@ -221,6 +221,12 @@ async def test_dead_engine_raises_engine_error_and_unsticks(ray_session):
     first = await pool.generate(req)
     dead = pool.engine_for("dlg")
     ray.kill(pool.actors[dead], no_restart=True)
+    for _ in range(100):  # the kill is asynchronous: wait until the actor is gone
+        try:
+            ray.get(pool.actors[dead].stats.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            break
+        await asyncio.sleep(0.1)
     with pytest.raises(EngineError):
         await pool.generate(req)
     assert "dlg" not in pool._sticky

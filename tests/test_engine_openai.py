@@ -102,17 +102,30 @@ def _handler(state: StandIn):
     return H
 
 
-@pytest.fixture()
-def server():
+def _serve() -> tuple[StandIn, ThreadingHTTPServer]:
     state = StandIn()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     httpd.daemon_threads = True
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    return state, httpd
+
+
+@pytest.fixture()
+def server():
+    state, httpd = _serve()
     yield state
     httpd.shutdown()
     httpd.server_close()
+
+
+@pytest.fixture()
+def two_servers():
+    (a, ha), (b, hb) = _serve(), _serve()
+    yield a, b
+    for h in (ha, hb):
+        h.shutdown()
+        h.server_close()
 
 
 def _engine(url: str, **kw) -> OpenAIEngine:
@@ -295,3 +308,44 @@ def test_a_final_client_error_fails_its_dialogues_once(ray_session, server, tmp_
     assert server.rejected == 2  # one request per dialogue: neither the engine nor the driver retried
     assert summary["counts"]["dialogues_run"] == 4 and summary["counts"]["dialogue_retries"] == 0
     assert summary["engine"]["metrics"]["errors"] == 2
+
+
+def test_named_openai_engines_each_role_reaches_its_endpoint(ray_session, two_servers, tmp_path):
+    """engines: a hosted doctor and a local patient/tool model on two endpoints; every request of a
+    role reaches its endpoint (seen at the endpoint: the model asked for and the call's instruction)."""
+    import polars as pl
+    import yaml
+
+    from mdd.config import load_config
+    from mdd.driver import run_synthesis
+
+    hosted, local = two_servers
+    opts = {"backoff_s": 0.01, "max_backoff_s": 0.05, "max_retries": 4}
+    cases = json.loads(SAMPLES.read_text(encoding="utf-8"))[:3]
+    (tmp_path / "cases.json").write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+    cfg = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text(encoding="utf-8"))
+    cfg.pop("engine", None)
+    cfg["engines"] = {"hosted": {"name": "openai", "model": "hosted-doctor", "openai": {"base_url": hosted.url, **opts}},
+                      "local": {"name": "openai", "model": "local-small", "openai": {"base_url": local.url, **opts}}}
+    cfg["roles"] = {"doctor": "hosted", "default": "local"}
+    cfg["synth"] = {**cfg["synth"], "cases": str(tmp_path / "cases.json"), "out": str(tmp_path / "out"),
+                    "variants": 2, "in_flight": 8}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    summary = run_synthesis(load_config(tmp_path / "cfg.yaml"), progress=False)
+    assert summary["counts"]["dialogues_run"] == 6
+
+    def instruction(body: dict) -> str:  # the call's instruction tag: 【下一步】, 【回答要求】, 【判断】 ...
+        return body["messages"][-1]["content"].rpartition("【")[2].partition("】")[0]
+
+    by_role = summary["llm_calls"]["by_role"]
+    assert len(hosted.bodies) == by_role["doctor"] > 0
+    assert len(local.bodies) == by_role["patient"] + by_role["tool"] > 0
+    assert {b["model"] for b in hosted.bodies} == {"hosted-doctor"}
+    assert {b["model"] for b in local.bodies} == {"local-small"}
+    assert {instruction(b) for b in hosted.bodies} == {"下一步"}  # the doctor's next question, nothing else
+    assert "下一步" not in {instruction(b) for b in local.bodies}
+    assert {"回答要求", "判断"} <= {instruction(b) for b in local.bodies}  # patient answers and tool verdicts
+    assert summary["llm_calls"]["by_model"] == {"hosted-doctor": by_role["doctor"],
+                                                "local-small": by_role["patient"] + by_role["tool"]}
+    models = pl.read_parquet(tmp_path / "out" / "synth")["models"].to_list()
+    assert all(m["doctor"] == "hosted-doctor" and m["patient"] == m["tool"] == "local-small" for m in models)

@@ -51,6 +51,9 @@ class HostedEngineActor:
     def reset_prefix_cache(self) -> bool:
         return True
 
+    def end_session(self, session: str, finished: bool = True) -> None:
+        """A dialogue is over (the pool tells every actor type; the hosted engine keeps no room for it)."""
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 

@@ -339,13 +339,14 @@ def test_named_openai_engines_each_role_reaches_its_endpoint(ray_session, two_se
 
     by_role = summary["llm_calls"]["by_role"]
     assert len(hosted.bodies) == by_role["doctor"] > 0
-    assert len(local.bodies) == by_role["patient"] + by_role["tool"] > 0
+    local_calls = by_role["patient"] + by_role["companion"] + by_role["tool"]  # the companion: roles.default
+    assert len(local.bodies) == local_calls > 0
     assert {b["model"] for b in hosted.bodies} == {"hosted-doctor"}
     assert {b["model"] for b in local.bodies} == {"local-small"}
     assert {instruction(b) for b in hosted.bodies} == {"下一步"}  # the doctor's next question, nothing else
     assert "下一步" not in {instruction(b) for b in local.bodies}
     assert {"回答要求", "判断"} <= {instruction(b) for b in local.bodies}  # patient answers and tool verdicts
     assert summary["llm_calls"]["by_model"] == {"hosted-doctor": by_role["doctor"],
-                                                "local-small": by_role["patient"] + by_role["tool"]}
+                                                "local-small": local_calls}
     models = pl.read_parquet(tmp_path / "out" / "synth")["models"].to_list()
     assert all(m["doctor"] == "hosted-doctor" and m["patient"] == m["tool"] == "local-small" for m in models)

@@ -113,9 +113,10 @@ def test_every_pool_is_sized_for_the_views_its_roles_keep(tmp_path):
     small = {"name": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct"}
     p = tmp_path / "pools.yaml"
     p.write_text(yaml.safe_dump({"engines": {"big": big, "small": small},
-                                 "roles": {"doctor": "big", "patient": "small", "tool": "small"}}))
+                                 "roles": {"doctor": "big", "patient": "small", "companion": "small",
+                                           "tool": "small"}}))
     pools = plan.plan_pools(load_config(p), "h100-80gb")
-    assert pools["big"]["roles"] == ["doctor"] and set(pools["small"]["roles"]) == {"patient", "tool"}
+    assert pools["big"]["roles"] == ["doctor"] and set(pools["small"]["roles"]) == {"patient", "companion", "tool"}
     d_big, d_small = pools["big"]["engine"]["dialogue"], pools["small"]["engine"]["dialogue"]
     # the doctor's engine keeps only the doctor's view; the tool's verdicts need both views on `small`
     assert d_big["mean_tokens"] < d_small["mean_tokens"]

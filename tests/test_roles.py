@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mdd.config import ConfigError, load_config
-from mdd.engines.roles import RoleMap
+from mdd.engines.roles import SYNTH_ROLES, RoleMap
 
 REPO = Path(__file__).resolve().parent.parent
 TWO = {"big": {"name": "scripted", "model": "scripted-big"}, "small": {"name": "scripted", "model": "scripted-small"}}
@@ -29,7 +29,8 @@ def write_cfg(tmp_path: Path, **top) -> Path:
 
 @pytest.mark.parametrize("roles, key", [
     ({"doctor": "huge", "default": "small"}, "roles.doctor: unknown engine 'huge'"),
-    ({"doctor": "big", "patient": "small"}, "roles.tool: no engine for this role"),
+    ({"doctor": "big", "patient": "small", "companion": "small"}, "roles.tool: no engine for this role"),
+    ({"doctor": "big", "patient": "small", "tool": "small"}, "roles.companion: no engine for this role"),
     ({"default": "small"}, "engines.big: no role uses this engine"),
     ({"surgeon": "big", "default": "small"}, "roles.surgeon: unknown role"),
     ({"doctor": {"big": 0, "small": 1}, "default": "small"}, "roles.doctor.big: the weight must be > 0"),
@@ -53,7 +54,7 @@ def test_engine_and_engines_together_is_an_error(tmp_path):
 
 
 def test_judge_without_an_engine_when_the_evaluation_asks_an_llm(tmp_path):
-    roles = {"doctor": "big", "patient": "small", "tool": "small"}
+    roles = {"doctor": "big", "patient": "small", "companion": "small", "tool": "small"}
     load_config(write_cfg(tmp_path, roles=roles))  # keyword judge: no judge role needed
     with pytest.raises(ConfigError, match="roles.judge: no engine for this role"):
         load_config(write_cfg(tmp_path, roles=roles, evaluate={"judge": "llm"}))
@@ -78,14 +79,14 @@ async def test_router_sends_each_role_to_its_engine_recorded_at_the_engine():
     from mdd.engines.scripted import ScriptedEngine
 
     big, small = ScriptedEngine("scripted-big"), ScriptedEngine("scripted-small")
-    rm = RoleMap.build({"doctor": "big", "patient": "small", "tool": "small"}, TWO, ("doctor", "patient", "tool"))
+    rm = RoleMap.build({"doctor": "big", "default": "small"}, TWO, SYNTH_ROLES)
     router = RoleRouter({"big": big, "small": small}, rm, run_seed=1)
     cfg = load_config(REPO / "configs" / "local.yaml")
     cases = load_cases(REPO / "data" / "cases")[0][:3]
     worker = DialogueWorker({c.case_id: c for c in cases}, router, cfg.synth.dialogue, 1)
     results = await asyncio.gather(*(worker.run(c.case_id, 0) for c in cases))
     assert all(r["ok"] for r in results)
-    assert set(big.served) == {"doctor"} and set(small.served) == {"patient", "tool"}
+    assert set(big.served) == {"doctor"} and {"patient", "tool"} <= set(small.served) <= {"patient", "companion", "tool"}
     assert sum(big.served.values()) == sum(r["calls_by_role"]["doctor"] for r in results)
 
 
@@ -96,22 +97,26 @@ def test_run_counts_every_role_under_its_model(ray_session, tmp_path):
     run_synthesis(cfg, progress=False)
     run = json.loads((tmp_path / "out" / "run.json").read_text(encoding="utf-8"))["synthesize"]
     by_role, by_model = run["llm_calls"]["by_role"], run["llm_calls"]["by_model"]
-    assert by_model == {"scripted-big": by_role["doctor"], "scripted-small": by_role["patient"] + by_role["tool"]}
+    small = ("patient", "companion", "tool")  # the companion: roles.default
+    assert by_role["companion"] > 0  # some dialogues have a family member in the room
+    assert by_model == {"scripted-big": by_role["doctor"], "scripted-small": sum(by_role[r] for r in small)}
     t = run["tokens"]
     assert t["output_by_model"]["scripted-big"] == t["output_by_role"]["doctor"]
-    assert t["prompt_by_model"]["scripted-small"] == t["prompt_by_role"]["patient"] + t["prompt_by_role"]["tool"]
+    assert t["prompt_by_model"]["scripted-small"] == sum(t["prompt_by_role"][r] for r in small)
     assert run["roles"]["map"]["doctor"] == [["big", 1.0]]
     df = pl.read_parquet(tmp_path / "out" / "synth" / "*.parquet")
     models = df["models"].struct.unnest()
     assert (models["doctor"] == "scripted-big").all()
     assert (models["patient"] == "scripted-small").all() and (models["tool"] == "scripted-small").all()
-    assert models["companion"].is_null().all()
+    came = df["companion"].is_not_null()
+    assert came.any() and (models["companion"].filter(came) == "scripted-small").all()
+    assert models["companion"].filter(~came).is_null().all()  # no companion, no call, no model
     calls = df["calls_by_role"].struct.unnest()
     assert (calls["doctor"] == df["n_exchanges"]).all()
     usage = df.select("dialogue_id", "calls_by_role", "usage_by_model").explode("usage_by_model")
     for row in usage.iter_rows(named=True):
         u, c = row["usage_by_model"], row["calls_by_role"]
-        want = c["doctor"] if u["model"] == "scripted-big" else c["patient"] + c["tool"]
+        want = c["doctor"] if u["model"] == "scripted-big" else sum(c[r] or 0 for r in small)
         assert u["calls"] == want
 
 
@@ -152,7 +157,7 @@ async def test_doctor_on_real_vllm_patient_and_tool_on_scripted(vllm_engine):
     from mdd.engines.scripted import ScriptedEngine
 
     engines = {"big": vllm_engine, "small": ScriptedEngine("scripted-small")}
-    rm = RoleMap.build({"doctor": "big", "patient": "small", "tool": "small"}, engines, ("doctor", "patient", "tool"))
+    rm = RoleMap.build({"doctor": "big", "default": "small"}, engines, SYNTH_ROLES)
     router = RoleRouter(engines, rm, run_seed=3)
     cfg = load_config(REPO / "configs" / "local-vllm.yaml", {"synth.dialogue.max_exchanges": 10,
                                                               "synth.dialogue.sampling.doctor_max_tokens": 12})
@@ -164,10 +169,10 @@ async def test_doctor_on_real_vllm_patient_and_tool_on_scripted(vllm_engine):
     assert all(r["ok"] for r in results), results
     doctor_calls = sum(r["calls_by_role"]["doctor"] for r in results)
     assert after["requests"] - before["requests"] == doctor_calls  # every doctor call, and only those
-    assert set(engines["small"].served) == {"patient", "tool"}
+    assert {"patient", "tool"} <= set(engines["small"].served) <= {"patient", "companion", "tool"}
     for r in results:
-        assert r["row"]["models"] == {"doctor": vllm_engine.model, "patient": "scripted-small",
-                                      "tool": "scripted-small"}
+        models = r["row"]["models"]
+        assert models.pop("doctor") == vllm_engine.model and set(models.values()) == {"scripted-small"}
     per_pool = router.metrics()
     assert per_pool["big.prefix_cache_queries"] > before["prefix_cache_queries"]
     assert per_pool["big.prefix_cache_hits"] > before["prefix_cache_hits"]  # the doctor's prefix, reused

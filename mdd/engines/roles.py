@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 ROLES = ("doctor", "patient", "companion", "tool", "judge")
-SYNTH_ROLES = ("doctor", "patient", "tool")  # the roles every synthesis calls
+SYNTH_ROLES = ("doctor", "patient", "companion", "tool")  # the roles a synthesis calls (companion: a family member who came along)
 
 
 def role_of(agent: str) -> str:

@@ -367,11 +367,16 @@ class Config(_Frozen):
             roles = {"default": next(iter(self.engines))}
         return RoleMap.build(roles, self.engines, self.required_roles())
 
-    def engine_for(self, role: str) -> EngineConfig:
-        """The engine config of ``role`` (the judge's for the evaluation; a mix gives its first)."""
+    def engine_for(self, role: str) -> EngineConfig | None:
+        """The engine config of ``role`` (the judge's for the evaluation; a mix gives its first).
+        None: named engines and none for ``role``, which this run then never calls (a role the run
+        calls without an engine is a config error)."""
         if self.engines is None:
             return self.engine
-        return self.engines[self.role_map().options(role)[0][0]]
+        try:
+            return self.engines[self.role_map().options(role)[0][0]]
+        except KeyError:
+            return None
 
 
 class ConfigError(ValueError):

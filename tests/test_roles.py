@@ -55,7 +55,10 @@ def test_engine_and_engines_together_is_an_error(tmp_path):
 
 def test_judge_without_an_engine_when_the_evaluation_asks_an_llm(tmp_path):
     roles = {"doctor": "big", "patient": "small", "companion": "small", "tool": "small"}
-    load_config(write_cfg(tmp_path, roles=roles))  # keyword judge: no judge role needed
+    keyword = load_config(write_cfg(tmp_path, roles=roles))  # keyword judge: no judge role needed
+    assert keyword.engine_for("judge") is None
+    from mdd.evaluate import incremental  # the evaluation's fingerprint names no judge engine then
+    assert incremental.components(keyword, "record", 8)["judge_engine"] is None
     with pytest.raises(ConfigError, match="roles.judge: no engine for this role"):
         load_config(write_cfg(tmp_path, roles=roles, evaluate={"judge": "llm"}))
     cfg = load_config(write_cfg(tmp_path, roles={**roles, "judge": "big"}, evaluate={"judge": "llm"}))

@@ -74,7 +74,7 @@ def components(cfg: Any, faith_mode: str, per_batch: int) -> dict[str, Any]:
     return {
         "embedder": ev.embedder, "embedder_model": ev.embedder_model,
         "judge": ev.judge, "faithfulness": faith_mode, "faithfulness_default": ev.faithfulness_default,
-        "judge_engine": f"{judge.name}:{judge.model}" if llm else None,
+        "judge_engine": f"{judge.name}:{judge.model}" if llm and judge is not None else None,
         "threshold": ev.threshold, "distractors": ev.distractors, "per_batch": per_batch,
         "relevance_spaces": ev.relevance_spaces,
         "index_vectors": {"dim": ev.index.dim, "seed": ev.index.seed},

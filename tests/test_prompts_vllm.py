@@ -19,6 +19,7 @@ from mdd.tree import build_tree, for_audience, rand_visit
 ROOT = Path(__file__).resolve().parents[1]
 PA20 = ROOT.parent / "shared" / "mdd5k" / "cases" / "pa20.json"
 BUDGET = re.compile(r"这次最多说(\d+)个字")
+STORY = re.compile(r"(你过去的一段经历（[^）]*）：).*?(?=(今天是你的\S{1,6}陪你来的|你说话的样子：))", re.S)
 
 pytestmark = pytest.mark.vllm
 
@@ -69,8 +70,11 @@ def test_the_patient_is_shown_no_record_fields_or_exam_terms(recorded, tiny_mode
                                                tokenize=False, add_generation_prompt=True)
             for part in _authored(req.messages):
                 assert part in rendered  # what we check is what the model reads
+                # the experience story is the model's own words, not ours: the tiny model's random
+                # tokens include the knowledge's words (its vocabulary has them), e.g. 担心与紧张
+                part = STORY.sub(r"\1", part)
                 assert not leak_pattern().search(part), (cid, req.op, leak_pattern().findall(part))
-                assert not any(label in part for label in labels), (cid, part[-80:])
+                assert not any(label in part for label in labels), (cid, [lb for lb in labels if lb in part])
             if req.op == "PatGen":
                 n = BUDGET.search(req.messages[-1].content)
                 assert n and int(n.group(1)) >= 1  # the style's budget, every turn

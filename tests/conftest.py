@@ -123,19 +123,10 @@ def sample_run():
 @pytest.fixture
 def scaled_cases(tmp_path):
     """``scaled_cases(n, prefix)``: a JSON file of ``n`` copies of the sample cases, ids prefix00, …"""
-    import copy
-    import json
+    from mdd.perf.scale import scaled_cases as build
 
     def make(n: int, prefix: str) -> Path:
-        base = json.loads((REPO / "data" / "cases" / "sample_cases.json").read_text(encoding="utf-8"))
-        cases = []
-        for i in range(n):
-            c = copy.deepcopy(base[i % len(base)])
-            c["患者"] = f"{prefix}{i:02d}"
-            cases.append(c)
-        f = tmp_path / f"{prefix}-{n}.json"
-        f.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
-        return f
+        return build(n, tmp_path / f"{prefix}-{n}.json", prefix=prefix, width=2)
 
     return make
 

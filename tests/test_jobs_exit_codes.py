@@ -113,17 +113,10 @@ def test_strict_makes_a_partial_run_exit_3(ray_session, tmp_path, capsys):
 
 @pytest.mark.parametrize("sig,code,group", [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)],
                          ids=["ctrl-c", "sigterm"])
-def test_interrupt_keeps_finished_dialogues_and_the_rerun_completes(tmp_path, sig, code, group):
+def test_interrupt_keeps_finished_dialogues_and_the_rerun_completes(tmp_path, scaled_cases, sig, code, group):
     """Ctrl-C in a terminal signals the whole foreground group; ``kill``, ``ray job stop`` and a pod
     eviction send SIGTERM to the job's process."""
-    base = json.loads(SAMPLES.read_text(encoding="utf-8"))
-    cases = []
-    for i in range(40):
-        c = copy.deepcopy(base[i % len(base)])
-        c["患者"] = f"C{i:02d}"
-        cases.append(c)
-    f = tmp_path / "forty.json"
-    f.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
+    f = scaled_cases(40, "C")
     # Small shards, so that the interrupt lands with most of the run still to do however fast the machine
     # (with two shards of 50 a quick machine had finished the second within the wait).
     config = tmp_path / "small-shards.yaml"

@@ -28,12 +28,13 @@ ROOT = Path(__file__).resolve().parents[2]
 QUERIES = ["最近睡眠怎么样", "心情低落多久了", "有没有想过伤害自己", "胃口和体重有变化吗", "家里有人得过类似的病吗"]
 
 
-def scaled_cases(n: int, dst: Path) -> Path:
+def scaled_cases(n: int, dst: Path, prefix: str = "scale", width: int = 5) -> Path:
+    """A JSON file of ``n`` copies of the sample cases, ids ``prefix`` + the copy's number."""
     base = json.loads((ROOT / "data" / "cases" / "sample_cases.json").read_text(encoding="utf-8"))
     cases = []
     for i in range(n):
         c = copy.deepcopy(base[i % len(base)])
-        c["患者"] = f"scale{i:05d}"
+        c["患者"] = f"{prefix}{i:0{width}d}"
         cases.append(c)
     dst.write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
     return dst

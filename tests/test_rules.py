@@ -205,13 +205,14 @@ def test_precondition_never_met_is_skipped_not_passed(caplog):
         {"id": "multi_turn:N_th:ask:x", "n": "auto", "precondition": SELFHARM, "criterion": crit("你", "心情")},
         {"id": "multi_turn:N_th:ask:int_with_pre", "n": 1, "precondition": SELFHARM, "criterion": crit("心情")},
     ])
-    with caplog.at_level(logging.WARNING, logger="mdd.evaluate.rules"):
+    with caplog.at_level(logging.INFO, logger="mdd.evaluate.rules"):
         rows = evaluate_rules([dialogue(pairs)], rules)
     for r in rows:
         assert r["triggered"] is False and r["score"] is None
         assert "precondition" in r["reason"] and r["reason"]
     assert rows[0]["n"] is None
-    assert any("skipped" in rec.message and rec.levelno == logging.WARNING for rec in caplog.records)
+    # said once per rule at INFO (the stage's summary warns with the count over the run)
+    assert any("skipped" in rec.message and rec.levelno == logging.INFO for rec in caplog.records)
 
 
 def test_n_beyond_dialogue_is_skipped():

@@ -721,7 +721,9 @@ class _Run:
             if warn:
                 first = rule.id not in self.warned
                 self.warned.add(rule.id)
-                log.log(logging.WARNING if first else logging.DEBUG, "rule %s skipped on dialogue %s: %s%s", rule.id,
+                # INFO: the driver's summary warns once per rule with the count (shard workers would print
+                # one line per rule and shard, after the summary)
+                log.log(logging.INFO if first else logging.DEBUG, "rule %s skipped on dialogue %s: %s%s", rule.id,
                         view.dialogue_id, reason, " (more such skips in this batch: debug level)" if first else "")
             return row(n, False, None, reason)
 

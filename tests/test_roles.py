@@ -121,6 +121,20 @@ def test_run_counts_every_role_under_its_model(ray_session, tmp_path):
         u, c = row["usage_by_model"], row["calls_by_role"]
         want = c["doctor"] if u["model"] == "scripted-big" else sum(c[r] or 0 for r in small)
         assert u["calls"] == want
+    # the dataset card and the report's cost panel show the same per-model figures, over every dialogue
+    from mdd.publish.card import write_card
+    from mdd.publish.report import Context, _cost
+    from mdd.publish.run_data import RunData, usage_by_model
+
+    rows = {r["model"]: r for r in usage_by_model(RunData(tmp_path / "out"))}
+    assert rows["scripted-big"]["roles"] == "doctor" and rows["scripted-big"]["dialogues"] == df.height
+    assert set(rows["scripted-small"]["roles"].split(", ")) == set(small)
+    assert rows["scripted-small"]["calls"] == by_model["scripted-small"]  # one invocation: run.json agrees
+    write_card(tmp_path / "out")
+    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert f"| scripted-big | doctor | {df.height} | {by_model['scripted-big']} |" in card
+    panel = "".join(_cost(Context(RunData(tmp_path / "out"), {})).blocks)
+    assert "every dialogue of the run" in panel and "scripted-small" in panel
 
 
 def test_doctor_mix_gives_both_models_a_quarter_or_more(ray_session, tmp_path):

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from mdd.publish.run_data import RunData
+from mdd.publish.run_data import USAGE_FIELDS, RunData, usage_by_model
 from mdd.publish.stats import headline, reference
 from mdd.storage import Store
 
@@ -235,6 +235,14 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
               "past experience drawn from a knowledge graph; a tool agent decides topic ends, duplicates and the "
               "experience branch. The full resolved configuration is in `run.json` (`synthesize.config`).", "",
               _md_table([{"": k, "value": v} for k, v in made.items() if v not in (None, "")], ["", "value"]), ""]
+    usage = usage_by_model(run)
+    if usage:
+        parts += ["## Cost by model", "",
+                  "Every dialogue of the run: the model that played each role (the `models` column) and what it "
+                  "spent (`usage_by_model`)" + (" (the scripted engine counts characters, not tokens)"
+                                                if engine == "scripted" else "") + ".", "",
+                  _md_table([{k: _fmt(v) for k, v in r.items()} for r in usage],
+                            ["model", "roles", "dialogues", *USAGE_FIELDS]), ""]
     ref = h.get("reference") or {}
     fig_rows = [
         {"figure": "dialogues", "value": h.get("dialogues")},

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mdd.publish import plots
-from mdd.publish.run_data import RunData
+from mdd.publish.run_data import RunData, usage_by_model
 from mdd.publish.stats import headline, icd_prefix, reference, rule_counts, shape
 from mdd.schema import METRICS
 from mdd.storage import Store
@@ -331,9 +331,13 @@ def _cost(ctx: Context) -> Panel:
         f"tool-verdict fallbacks {sum((syn.get('fallbacks') or {}).values()):,}."
         + (" The scripted engine counts characters, not tokens." if (syn.get("engine") or {}).get("name") == "scripted"
            else "")))
+    usage = usage_by_model(ctx.run)
+    if usage:
+        blocks += ["<h3>By model, every dialogue of the run</h3>", html_table(usage)]
     by_model = {k: v for src in (calls, tokens, syn) for k, v in src.items() if "model" in k and isinstance(v, dict)}
     if by_model:
-        blocks += ["<h3>By model</h3>"] + [f"<h4>{esc(k)}</h4>{mapping_block(v)}" for k, v in by_model.items()]
+        blocks += ["<h3>By model, the last synthesis invocation</h3>"] + [
+            f"<h4>{esc(k)}</h4>{mapping_block(v)}" for k, v in by_model.items()]
         cost_fig = {k: {m: (sum(x.values()) if isinstance(x, Mapping) else x) for m, x in v.items()
                         if isinstance(x, (int, float, Mapping))} for k, v in by_model.items()}
         figs.append(("cost_by_model", plots.bar_grid({k: v for k, v in cost_fig.items() if v}, title="By model")))

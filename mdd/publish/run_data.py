@@ -74,6 +74,28 @@ class RunData:
         return t.column(name).to_pylist() if t is not None and name in t.column_names else None
 
 
+USAGE_FIELDS = ("calls", "prompt_tokens", "output_tokens", "cached_tokens")
+
+
+def usage_by_model(run: RunData) -> list[dict[str, Any]]:
+    """Per model, over every dialogue of the run (resumed invocations included): the roles it played,
+    the dialogues it served, its calls and prompt / output / cached tokens (the ``models`` and
+    ``usage_by_model`` columns; [] for files written before they existed)."""
+    usage, models = run.column("synth", "usage_by_model"), run.column("synth", "models")
+    if usage is None:
+        return []
+    rows: dict[str, dict[str, Any]] = {}
+    for entries, played in zip(usage, models or [None] * len(usage)):
+        for u in entries or []:
+            row = rows.setdefault(u["model"], {"model": u["model"], "roles": set(), "dialogues": 0,
+                                               **dict.fromkeys(USAGE_FIELDS, 0)})
+            row["dialogues"] += 1
+            for k in USAGE_FIELDS:
+                row[k] += int(u.get(k) or 0)
+            row["roles"] |= {r for r, m in (played or {}).items() if m == u["model"]}
+    return [{**r, "roles": ", ".join(sorted(r["roles"]))} for r in sorted(rows.values(), key=lambda r: -r["calls"])]
+
+
 def reference_figures() -> dict[str, Any]:
     """The published MDD-5k figures (``mdd/knowledge/mdd5k_reference.yaml``)."""
     ref = dict(knowledge.load_yaml("mdd5k_reference.yaml"))

@@ -136,6 +136,13 @@ def _dedupe(cfg: Config) -> Config:
     return cfg
 
 
+def concurrent_set(n_cases: int, variants: int, in_flight: int | None, waves: float) -> tuple[int, int]:
+    """The concurrent phase's dialogues in flight (default: cases x variants, at least 128) and the
+    variants per case that make ``waves`` times that many dialogues."""
+    in_flight = in_flight or max(128, n_cases * variants)
+    return in_flight, max(variants, math.ceil(in_flight * waves / n_cases))
+
+
 def run_standard(cfg: Config, work: Path, sequential: int, in_flight: int | None, waves: float, repeats: int,
                  seed: int, engine: Any = None, exemplar_cases: int = 0) -> dict[str, Any]:
     """The standard profile; ``engine``: an already launched one (kept running), else one is launched."""
@@ -146,8 +153,7 @@ def run_standard(cfg: Config, work: Path, sequential: int, in_flight: int | None
 
     cases, _ = load_cases(cfg.synth.cases)
     cases = cases[: cfg.synth.limit] if cfg.synth.limit else cases
-    in_flight = in_flight or max(128, len(cases) * cfg.synth.variants)
-    variants = max(cfg.synth.variants, math.ceil(in_flight * waves / len(cases)))
+    in_flight, variants = concurrent_set(len(cases), cfg.synth.variants, in_flight, waves)
     items = items_for(cases, variants)
     t_launch = time.perf_counter()
     own = engine is None

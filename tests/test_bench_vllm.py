@@ -114,6 +114,18 @@ async def test_cpu_build_drops_seeds_so_reruns_differ(vllm_engine, tiny_model_di
     assert texts(a) != texts(b)
 
 
+def test_kv_cache_tokens_cap_vllms_block_count():
+    """engine.vllm.kv_cache_tokens becomes vLLM's num_gpu_blocks_override (whole blocks plus the null
+    block vLLM holds back); the actor reads the capacity back as (blocks - 1) x block size (the
+    admission test above checks that on the real engine)."""
+    from mdd.engines.vllm.actor import engine_args_kwargs
+
+    opts = short_cfg(Path("tiny"), **{"engine.vllm.kv_cache_tokens": 8192}).engine.vllm.model_dump()
+    assert engine_args_kwargs("tiny", opts)["num_gpu_blocks_override"] == 8192 // 32 + 1
+    opts = short_cfg(Path("tiny"), **{"engine.vllm.kv_cache_tokens": 8200}).engine.vllm.model_dump()
+    assert engine_args_kwargs("tiny", opts)["num_gpu_blocks_override"] == 257 + 1  # rounded up to a block
+
+
 def test_batch_invariance_is_an_engine_setting():
     from mdd.config import load_config as load
     from mdd.engines.vllm.actor import engine_env

@@ -2,8 +2,8 @@
 
 One list drives asking and checking: :func:`plan_for` gives a case's required items and the
 modules its diagnoses attach; the agenda (:mod:`mdd.dialogue.agenda`) asks every required
-item's topic, and the rule judge (:mod:`mdd.evaluate.rules`) turns every item into a rule for
-the diagnoses that require it. :func:`coverage_matrix` reports the result as ICD prefix x item.
+item's topic, and every item becomes a rule (:func:`mdd.evaluate.rule_set.checklist_rules`) for
+the diagnoses that require it, judged by :mod:`mdd.evaluate.rules`. :func:`coverage_matrix` reports the result as ICD prefix x item.
 """
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ def test_exchanges_pair_doctor_turns_with_the_patient_or_the_companion():
 
 
 def test_rules_see_the_companion_and_can_test_its_presence():
-    from mdd.evaluate.rules import DialogueView, evaluate_rules, parse_rule_set
+    from mdd.evaluate.rule_set import parse_rule_set
+    from mdd.evaluate.rules import DialogueView, evaluate_rules
 
     view = DialogueView.from_record({"dialogue_id": "d", "turns": THREE, "companion": "母亲"})
     assert view.text(0, "companion").startswith("医生，她其实") and view.text(0, "patient") == "还好吧。"
@@ -100,7 +101,8 @@ def test_rules_see_the_companion_and_can_test_its_presence():
 def test_the_llm_judge_shows_the_companion_lines():
     from mdd.engines.base import Completion
     from mdd.evaluate.judges import LLMJudge
-    from mdd.evaluate.rules import evaluate_rules, parse_rule_set
+    from mdd.evaluate.rule_set import parse_rule_set
+    from mdd.evaluate.rules import evaluate_rules
 
     prompts = []
 
@@ -224,7 +226,8 @@ def test_main_job_companions(sample_run):
     assert asked == n and interjected >= n // 2 and checked / max(interjected, 1) > 0.8, (asked, interjected, checked)
     assert all(not leak_pattern().search(t["text"]) for r in rows for t in r["turns"] if t["speaker"] == "companion")
     # the rule judge tests the companion's presence: every accompanied dialogue is judged, no other
-    from mdd.evaluate.rules import evaluate_rules, load_rules
+    from mdd.evaluate.rule_set import load_rules
+    from mdd.evaluate.rules import evaluate_rules
 
     rule = [r for r in load_rules("psychiatric") if r.name == "collateral_history_when_accompanied"]
     got = {x["dialogue_id"]: (x["triggered"], x["score"]) for x in evaluate_rules(rows, rule)}

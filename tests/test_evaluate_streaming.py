@@ -62,7 +62,8 @@ def _expected(store, shards: dict[str, pa.Table], names: list[str]) -> dict[str,
     """The same evaluator, computed another way: in this process, on whole tables."""
     from mdd.evaluate.coverage import coverage_table
     from mdd.evaluate.embedders import make_embedder
-    from mdd.evaluate.rules import evaluate_rules, load_rules
+    from mdd.evaluate.rule_set import load_rules
+    from mdd.evaluate.rules import evaluate_rules
     from mdd.evaluate.scoring import ExchangeScorer, corpus_df, load_records
     from mdd.evaluate.stage import EXCHANGES_PER_DIALOGUE
     from mdd.evaluate.streaming import distractor_batches

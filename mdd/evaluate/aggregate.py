@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from mdd.evaluate.coverage import coverage_summary
 from mdd.evaluate.gates import reason_counts
-from mdd.evaluate.rules import checklist_item
+from mdd.evaluate.rule_set import checklist_item
 from mdd.schema import DIALOGUE_EVAL, METRICS
 
 log = logging.getLogger("mdd.evaluate")

@@ -1,6 +1,6 @@
 """The required-items coverage matrix as the rule judge sees it (``eval/coverage/``).
 
-The checklist's rules (:func:`mdd.evaluate.rules.checklist_rules`) judge, from the doctor's
+The checklist's rules (:func:`mdd.evaluate.rule_set.checklist_rules`) judge, from the doctor's
 words alone, whether each required item was asked; this module folds their rows into a matrix
 ICD prefix (of the leading diagnosis) x item, one row per cell: dialogues that require the
 item, dialogues that asked it, the share. It reads no synthesis bookkeeping, so it also
@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from mdd.checklist import leading_prefix
-from mdd.evaluate.rules import checklist_item
+from mdd.evaluate.rule_set import checklist_item
 from mdd.schema import COVERAGE
 
 

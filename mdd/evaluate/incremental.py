@@ -64,7 +64,7 @@ def code_hash() -> str:
 def components(cfg: Any, faith_mode: str, per_batch: int) -> dict[str, Any]:
     """The fingerprint's components, without the IDF (``with_idf`` adds it)."""
     from mdd.evaluate.quality import LEXICON_FILE
-    from mdd.evaluate.rules import _resolve_path
+    from mdd.evaluate.rule_set import _resolve_path
 
     ev = cfg.evaluate
     lexicon = Path(ev.lexicon) if ev.lexicon else _PKG / "knowledge" / LEXICON_FILE

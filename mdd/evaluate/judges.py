@@ -24,7 +24,8 @@ import logging
 import re
 from typing import Any
 
-from mdd.evaluate.rules import Anchor, Condition, DialogueView, Hits, Rule, Verdict, decide, keyword_hits
+from mdd.evaluate.rule_set import Condition, Rule
+from mdd.evaluate.rules import Anchor, DialogueView, Hits, Verdict, decide, keyword_hits
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from mdd.evaluate import aggregate, incremental, streaming
 from mdd.evaluate.coverage import format_coverage
-from mdd.evaluate.rules import checklist_item
+from mdd.evaluate.rule_set import checklist_item
 from mdd.evaluate.scoring import (  # noqa: F401 (ANSWERERS, exchanges_of: re-exported for readers of the stage)
     ANSWERERS, DIALOGUE_COLUMNS, exchanges_of, load_records)
 from mdd.evaluate.validity import format_validity
@@ -49,7 +49,7 @@ def _check_settings(cfg: Any) -> None:
     from mdd.evaluate.embedders import check_embedder
     from mdd.evaluate.judges import make_judge
     from mdd.evaluate.quality import load_lexicon
-    from mdd.evaluate.rules import load_rules
+    from mdd.evaluate.rule_set import load_rules
 
     ev = cfg.evaluate
     checks = {

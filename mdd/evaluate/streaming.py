@@ -86,7 +86,7 @@ class ShardEvaluator:
                  engine_cfg: Any, metadata: dict[str, str], index_cfg: Any):
         from mdd.evaluate.embedders import make_embedder
         from mdd.evaluate.judges import make_judge
-        from mdd.evaluate.rules import load_rules
+        from mdd.evaluate.rule_set import load_rules
         from mdd.evaluate.scoring import ExchangeScorer, load_records
 
         self.src, self.dst, self.columns, self.per_batch = src, dst, columns, per_batch

@@ -9,6 +9,7 @@ On one engine at a time, in one run (ratios, so a noisy shared machine cancels o
 - ``engine_ceiling``: the engine's own output tok/s on the same calls as independent requests at
   ``--in-flight`` ÷ at 1; ``speedup_share_of_ceiling``: the pipeline's per-token speedup ÷ that ceiling;
 - ``engine_utilization``: the pipeline's output tok/s ÷ the engine's on the same calls (concurrent phase);
+  ``engine_utilization_steady``: the same until the last dialogue is admitted (before the tail);
 - ``prefix_cache_hit_rate``: vLLM's own prefix-cache counters over the concurrent phase;
 - ``prefill_ratio_vs_reference`` (once): uncached prompt tokens of the pipeline's calls ÷ those of the
   same dialogues replayed call for call in the reference implementation's layout;
@@ -115,7 +116,10 @@ SOURCES = {
                                     "submission to its last result (mdd/perf/phases.py)",
     "output_tok_s (pipeline)": "the engine actor's call log (tokens vLLM generated per request) over the phase's wall time",
     "output_tok_s (engine)": "the same calls replayed as token prompts with forced output lengths (EngineActor."
-                             "generate_tokens, ignore_eos), cached prefix lengths reproduced (mdd/perf/replay.py)",
+                             "generate_tokens, ignore_eos), each call's cached prefix length reproduced on its own "
+                             "prompt chain's sequence, primed before the clock (mdd/perf/replay.py)",
+    "engine_time_by_role": "the engine actor's call log (start, end, role of every request): each moment's wall "
+                           "time split equally among the requests in flight (mdd/perf/replay.time_by_role)",
     "prefix_cache_hit_rate": "vLLM's counters vllm:prefix_cache_queries/hits read in the engine actor "
                              "(vllm.v1.metrics.reader.get_metrics_snapshot); engine_stats' prefix_cache_source says "
                              "'vllm', or 'requests' where they were missing and the per-request num_cached_tokens "

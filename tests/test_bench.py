@@ -74,13 +74,37 @@ def test_prefill_only_keeps_the_prompt():
 
 
 def test_shaped_prompts_reproduce_lengths_and_cache_behaviour():
-    shapes = [replay.CallShape(100, 64, 5), replay.CallShape(40, 0, 3), replay.CallShape(300, 288, 9)]
-    prompts = replay.shaped_prompts(shapes, vocab=8000, seed=1)
-    assert [len(p) for p in prompts] == [100, 40, 300]
-    assert prompts[0][:64] == prompts[2][:64]  # the cached parts are one shared prefix
+    # two chains (7 and 9): each call's cached part is a prefix of its own chain's sequence
+    shapes = [replay.CallShape(100, 64, 5, chain=7), replay.CallShape(40, 0, 3, chain=9),
+              replay.CallShape(300, 288, 9, chain=7), replay.CallShape(80, 32, 2, chain=9)]
+    prompts, primers = replay.shaped_prompts(shapes, vocab=8000, seed=1)
+    assert [len(p) for p in prompts] == [100, 40, 300, 80]
+    assert prompts[0][:64] == prompts[2][:64]  # one chain's cached parts share its sequence ...
+    assert prompts[3][:32] != prompts[0][:32]  # ... and another chain's do not
     assert prompts[0][64:] != prompts[2][64:100]  # the uncached parts are fresh
+    # one primer per chain with a cached part: the chain's longest cached prefix, so every call hits as logged
+    assert sorted(len(p) for p in primers) == [32, 288]
+    assert all(any(p[: s.cached_tokens] == pr[: s.cached_tokens] for pr in primers) for p, s in zip(prompts, shapes))
     assert all(10 <= t < 8000 for p in prompts for t in p)
-    assert replay.CallShape.from_log((100, 64, 5, 1.0, 2.0)) == shapes[0]
+    # the earlier layout: one sequence shared by every call, nothing to prime
+    shared, none = replay.shaped_prompts(shapes, vocab=8000, seed=1, per_chain=False)
+    assert shared[3][:32] == shared[0][:32] and none == []
+    assert replay.CallShape.from_log((100, 64, 5, 1.0, 2.0, "doctor", 7)) == shapes[0]
+    assert replay.CallShape.from_log((100, 64, 5, 1.0, 2.0)) == replay.CallShape(100, 64, 5)
+
+
+def test_engine_time_is_split_among_the_requests_in_flight():
+    # a doctor call over [0, 10] and a tool call over [5, 10]: alone, then sharing the engine
+    recs = [(900, 800, 40, 0.0, 10.0, "doctor", 1), (300, 280, 2, 5.0, 10.0, "tool", 2)]
+    got = replay.time_by_role(recs)
+    assert got["seconds"] == {"doctor": 7.5, "tool": 2.5} and got["busy_s"] == 10.0
+    assert got["time_share"] == {"doctor": 0.75, "tool": 0.25}
+    assert got["uncached_prompt_token_share"] == {"doctor": round(100 / 120, 4), "tool": round(20 / 120, 4)}
+    # idle time is nobody's: a gap between two requests is not charged
+    gap = replay.time_by_role([(10, 0, 1, 0.0, 1.0, "doctor", 1), (10, 0, 1, 3.0, 4.0, "patient", 2)])
+    assert gap["busy_s"] == 2.0 and gap["time_share"] == {"doctor": 0.5, "patient": 0.5}
+    # output tokens per second of the requests that ended inside a window
+    assert replay.tok_s_within(recs, (0.0, 10.0)) == 4.2 and replay.tok_s_within(recs, (0.0, 5.0)) is None
 
 
 def test_occupancy_is_time_weighted():

@@ -27,7 +27,8 @@ def test_standard_profile_vllm_paths(vllm_engine, tiny_model_dir, tmp_path):
     from jobs.benchmark import run_standard
 
     cfg = short_cfg(tiny_model_dir)
-    res = run_standard(cfg, tmp_path, sequential=2, in_flight=4, waves=1.0, repeats=1, seed=3, engine=vllm_engine)
+    # 4 dialogues, 3 in flight: the 4th is admitted when a slot frees (the steady part ends there)
+    res = run_standard(cfg, tmp_path, sequential=2, in_flight=3, waves=1.0, repeats=1, seed=3, engine=vllm_engine)
     (rep,) = res["repeats"]
     assert rep["concurrent"]["dialogues"] == res["set"]["dialogues"] == 4 and rep["concurrent"]["failed"] == 0
     # the ceiling replays the very calls each phase made: one request per logged call
@@ -41,6 +42,18 @@ def test_standard_profile_vllm_paths(vllm_engine, tiny_model_dir, tmp_path):
     # vLLM's own counters over the concurrent phase: append-only prompts hit the cache
     assert rep["prefix_cache"]["queries"] > 0 and 0.3 < rep["prefix_cache_hit_rate"] <= 1.0
     assert res["summary"]["engine_utilization"]["n"] == 1
+    # the per-chain replay, primed, hits as the pipeline's calls did (the cached tokens vLLM reported
+    # for them, within a block per call); the first repeat also ran the shared-prefix replay
+    logged = rep["prefix_cache"]["hits"]
+    got = rep["engine_in_flight"]["cached_tokens"]
+    assert rep["engine_in_flight"]["cached_prefixes"] == "per chain, primed"
+    assert abs(got - logged) <= 32 * rep["engine_in_flight"]["requests"] and got >= 0.8 * logged, (got, logged)
+    assert rep["engine_in_flight_shared_prefix"]["requests"] == rep["engine_in_flight"]["requests"]
+    # every request carries its role: the engine's busy time is charged to the dialogue's roles only
+    by_role = rep["engine_time_by_role"]
+    assert {"doctor", "patient", "tool"} <= set(by_role["seconds"]) <= {"doctor", "patient", "companion", "tool"}
+    assert sum(by_role["time_share"].values()) == pytest.approx(1.0, abs=0.01)
+    assert 0 < rep["engine_utilization_steady"] and 0 < rep["steady_share_of_phase"] <= 1
     # the prefill replay: both layouts counted from a reset cache, the reference recomputes more
     pf = res["prefill_detail"]
     assert pf["dialogues"] == 2 and pf["pipeline"]["calls"] == pf["reference"]["calls"] > 0

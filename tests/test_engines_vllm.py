@@ -208,7 +208,7 @@ async def test_dead_engine_raises_engine_error_and_unsticks(ray_session):
         def __init__(self, tag):
             self.tag = tag
 
-        async def generate(self, messages, sampling, rid, session=""):
+        async def generate(self, messages, sampling, rid, session="", role=""):
             return {"text": self.tag, "prompt_tokens": 1, "output_tokens": 1,
                     "cached_tokens": 0, "finish_reason": "stop"}
 
@@ -306,7 +306,7 @@ async def test_a_finished_dialogue_ends_its_session_on_its_engine(ray_session):
         def __init__(self):
             self.sessions, self.ended = set(), []
 
-        async def generate(self, messages, sampling, rid, session=""):
+        async def generate(self, messages, sampling, rid, session="", role=""):
             self.sessions.add(session)
             choice = sampling.get("choice")
             text = choice[0] if choice else ('{"covered": []}' if sampling.get("json_schema") else "嗯。")

@@ -30,6 +30,9 @@ class PhaseResult:
     output_tokens: int
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
     calls: list[tuple[Any, ...]] = field(default_factory=list, repr=False)  # the engine's call log, if any
+    # the steady part, on the engine log's clock (time.monotonic): from the first submission to the
+    # last admission, while every slot was kept busy (after it, the last dialogues finish: the tail)
+    steady: tuple[float, float] = (0.0, 0.0)
 
     @property
     def dialogues_per_min(self) -> float:
@@ -99,12 +102,15 @@ class Phases:
         rows: list[dict[str, Any]] = []
         failed = rr = 0
         self.take_log()
-        t0 = time.perf_counter()
+        t0, m0 = time.perf_counter(), time.monotonic()
+        steady = (m0, m0)
         while queue or inflight:
             while queue and len(inflight) < in_flight:
                 it = queue.pop()
                 inflight[self.workers[rr % len(self.workers)].run.remote(it.case_id, it.variant)] = it
                 rr += 1
+                if not queue:
+                    steady = (m0, time.monotonic())
             ready, _ = ray.wait(list(inflight), num_returns=1)
             for ref in ready:
                 inflight.pop(ref)
@@ -116,7 +122,8 @@ class Phases:
         wall = time.perf_counter() - t0
         return PhaseResult(name=name, in_flight=in_flight, wall_s=wall, dialogues=len(rows), failed=failed,
                            exchanges=sum(r["n_exchanges"] for r in rows),
-                           output_tokens=sum(r["output_tokens"] for r in rows), rows=rows, calls=self.take_log())
+                           output_tokens=sum(r["output_tokens"] for r in rows), rows=rows, calls=self.take_log(),
+                           steady=steady)
 
     def close(self) -> None:
         import ray

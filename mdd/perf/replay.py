@@ -115,22 +115,36 @@ class CallShape:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    chain: int = 0
 
     @classmethod
     def from_log(cls, entry: tuple[Any, ...]) -> "CallShape":
-        return cls(*(int(x) for x in entry[:3]))
+        chain = int(entry[6]) if len(entry) > 6 else 0
+        return cls(*(int(x) for x in entry[:3]), chain=chain)
 
 
-def shaped_prompts(shapes: list[CallShape], vocab: int, seed: int = 0) -> list[list[int]]:
-    """Token prompts with the same lengths and the same cache behaviour as the logged calls:
-    the cached part is a prefix of one shared sequence (it hits the cache as the original
-    did), the rest is fresh random tokens (it misses, as the original did)."""
+def shaped_prompts(shapes: list[CallShape], vocab: int, seed: int = 0,
+                   per_chain: bool = True) -> tuple[list[list[int]], list[list[int]]]:
+    """Token prompts with the same lengths and the same cache behaviour as the logged calls, and
+    the prompts that prime the cache before the clock.
+
+    Each call's cached part is a prefix of its prompt chain's own sequence (a dialogue's doctor,
+    patient or tool view), the rest fresh random tokens (it misses, as the original did); one
+    priming request per chain computes the chain's longest cached prefix, so that every call hits
+    exactly as much as it did in the pipeline. ``per_chain=False``: every cached part is a prefix
+    of one sequence shared by all calls (no priming needed), the layout of earlier benchmarks:
+    every request then reads the same KV blocks, which flatters a CPU engine's attention."""
     rng = random.Random(seed)
     lo = 10  # stay clear of special tokens at the bottom of the vocabulary
-    longest = max((s.cached_tokens for s in shapes), default=0)
-    shared = [rng.randrange(lo, vocab) for _ in range(longest)]
-    return [shared[: s.cached_tokens] + [rng.randrange(lo, vocab) for _ in range(s.prompt_tokens - s.cached_tokens)]
-            for s in shapes]
+    longest: dict[int, int] = {}
+    for s in shapes:
+        key = s.chain if per_chain else 0
+        longest[key] = max(longest.get(key, 0), s.cached_tokens)
+    seqs = {k: [rng.randrange(lo, vocab) for _ in range(n)] for k, n in longest.items()}
+    prompts = [seqs[s.chain if per_chain else 0][: s.cached_tokens]
+               + [rng.randrange(lo, vocab) for _ in range(s.prompt_tokens - s.cached_tokens)] for s in shapes]
+    primers = [seq for seq in seqs.values() if seq] if per_chain else []
+    return prompts, primers
 
 
 async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], concurrency: int,
@@ -138,7 +152,7 @@ async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], c
     """Independent requests with forced output lengths (ignore EOS), ``concurrency`` in flight,
     sampled at ``temperature`` (the pipeline's, so both pay the same sampler)."""
     sem = asyncio.Semaphore(concurrency)
-    done = {"output_tokens": 0}
+    done = {"output_tokens": 0, "cached_tokens": 0}
     spans: list[tuple[float, float]] = []
 
     async def one(i: int) -> None:
@@ -147,11 +161,13 @@ async def run_shapes(actor: Any, prompts: list[list[int]], outputs: list[int], c
             out = await actor.generate_tokens.remote(prompts[i], outputs[i], f"shape-{i}", temperature)
             spans.append((t, time.monotonic()))
             done["output_tokens"] += int(out["output_tokens"])
+            done["cached_tokens"] += int(out.get("cached_tokens", 0))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "output_tokens": done["output_tokens"], "output_tok_s": done["output_tokens"] / wall,
+    return {"wall_s": wall, "output_tokens": done["output_tokens"], "cached_tokens": done["cached_tokens"],
+            "output_tok_s": done["output_tokens"] / wall,
             "occupancy": occupancy(spans, concurrency)}
 
 
@@ -174,3 +190,43 @@ def occupancy(spans: list[tuple[float, float]], target: int) -> dict[str, float]
 
 def sum_counters(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after if isinstance(after.get(k), (int, float))}
+
+
+def time_by_role(records: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """The engine's busy time charged to roles: each moment's wall time split equally among the
+    requests in flight then (a batched engine serves them in the same steps), from the call log's
+    (start, end, role). Also each role's share of the uncached prompt and the output tokens."""
+    events = sorted([(r[3], 1, i) for i, r in enumerate(records)] + [(r[4], -1, i) for i, r in enumerate(records)])
+    live: set[int] = set()
+    secs: dict[str, float] = {}
+    last = events[0][0] if events else 0.0
+    for t, step, i in events:
+        if live and t > last:
+            share = (t - last) / len(live)
+            for j in live:
+                role = records[j][5] if len(records[j]) > 5 and records[j][5] else "?"
+                secs[role] = secs.get(role, 0.0) + share
+        last = t
+        (live.add if step > 0 else live.discard)(i)
+    busy = sum(secs.values())
+    prefill: dict[str, int] = {}
+    output: dict[str, int] = {}
+    for r in records:
+        role = r[5] if len(r) > 5 and r[5] else "?"
+        prefill[role] = prefill.get(role, 0) + int(r[0]) - int(r[1])
+        output[role] = output.get(role, 0) + int(r[2])
+
+    def shares(d: dict[str, float]) -> dict[str, float]:
+        tot = sum(d.values()) or 1.0
+        return {k: round(v / tot, 4) for k, v in sorted(d.items())}
+
+    return {"busy_s": round(busy, 2), "seconds": {k: round(v, 2) for k, v in sorted(secs.items())},
+            "time_share": shares(secs), "uncached_prompt_token_share": shares(prefill),
+            "output_token_share": shares(output)}
+
+
+def tok_s_within(records: list[tuple[Any, ...]], window: tuple[float, float]) -> float | None:
+    """Output tokens per second of the requests that ended inside ``window`` (the log's clock)."""
+    a, b = window
+    ended = [int(r[2]) for r in records if a <= r[4] <= b]
+    return sum(ended) / (b - a) if b > a and ended else None

@@ -20,7 +20,7 @@ import re
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 
@@ -33,6 +33,21 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 KV_USAGE = "vllm:kv_cache_usage_perc"  # blocks held by running requests ÷ all blocks (a gauge)
 PREEMPTIONS = "vllm:num_preemptions"  # running requests pushed out of a full cache (a counter)
+
+
+class CallRecord(NamedTuple):
+    """One request as the engine served it (the benchmark replays these shapes, reads the engine's
+    occupancy from the times and charges engine time to roles). ``chain``: the prompt chain the
+    call extends (its dialogue, its agent and its first message), so a replay can give every chain
+    its own cached prefix."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    start: float
+    end: float
+    role: str = ""
+    chain: int = 0
 
 
 class EngineDeadError(RuntimeError):
@@ -296,9 +311,7 @@ class EngineActor:
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.cached_tokens = 0
-        # (prompt, cached, output tokens, start, end) of every request: the benchmark replays
-        # these shapes and reads the engine's occupancy from the times
-        self.call_log: list[tuple[int, int, int, float, float]] = []
+        self.call_log: list[CallRecord] = []
 
     def _load_tokenizer(self, kwargs: dict[str, Any]) -> Any:
         tok = getattr(self.llm, "tokenizer", None)
@@ -318,21 +331,23 @@ class EngineActor:
         return self.piece_ids.encode(text)
 
     async def generate(
-        self, messages: list[dict[str, str]], sampling: dict[str, Any], request_id: str, session: str = ""
+        self, messages: list[dict[str, str]], sampling: dict[str, Any], request_id: str, session: str = "",
+        role: str = "",
     ) -> dict[str, Any]:
-        """One call. ``session`` names its dialogue: a new one passes the admission gate first."""
+        """One call. ``session`` names its dialogue: a new one passes the admission gate first;
+        ``role`` (doctor, patient, tool ...) is recorded in the call log."""
         await self.gate.enter(session)
         chain = hash(messages[0]["content"]) if messages else 0  # the prompt chain this call extends
         held = 0
         try:
-            out = await self._generate(messages, sampling, request_id)
+            out = await self._generate(messages, sampling, request_id, role, hash((session, role, chain)))
             held = out["prompt_tokens"] + out["output_tokens"]
             return out
         finally:
             self.gate.leave(session, chain, held)
 
     async def _generate(self, messages: list[dict[str, str]], sampling: dict[str, Any],
-                        request_id: str) -> dict[str, Any]:
+                        request_id: str, role: str = "", chain: int = 0) -> dict[str, Any]:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDead
 
@@ -371,7 +386,7 @@ class EngineActor:
         self.output_tokens += n_out
         self.cached_tokens += cached
         if len(self.call_log) < 1_000_000:
-            self.call_log.append((n_prompt, cached, n_out, t_start, time.monotonic()))
+            self.call_log.append(CallRecord(n_prompt, cached, n_out, t_start, time.monotonic(), role, chain))
         return {
             "text": self.tokenizer.decode(comp.token_ids, skip_special_tokens=True),
             "prompt_tokens": n_prompt,
@@ -452,8 +467,8 @@ class EngineActor:
             s["prefix_cache_source"] = "vllm"
         return s
 
-    def take_log(self) -> list[tuple[int, int, int, float, float]]:
-        """(prompt, cached, output tokens, start, end) of the requests since the last call."""
+    def take_log(self) -> list[CallRecord]:
+        """The requests served since the last call."""
         out, self.call_log = self.call_log, []
         return out
 

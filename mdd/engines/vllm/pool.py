@@ -269,7 +269,7 @@ class VLLMPoolEngine(EngineBase):
     def _call(self, actor: Any, request: Request, rid: str) -> Any:
         """The Ray call that sends ``request`` to ``actor`` (an object ref)."""
         msgs = [m.as_dict() for m in request.messages]
-        return actor.generate.remote(msgs, sampling_to_dict(request.sampling), rid, request.session)
+        return actor.generate.remote(msgs, sampling_to_dict(request.sampling), rid, request.session, request.agent)
 
     async def generate(self, request: Request) -> Completion:
         idx = self.engine_for(request.session)

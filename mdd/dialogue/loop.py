@@ -198,11 +198,15 @@ class Dialogue:
             self.phase = await handlers[self.phase]()
         return self.row()
 
+    def plan_agenda(self) -> TopicAgenda:
+        """The dialogue's agenda and length target, drawn from its seed before any call."""
+        return TopicAgenda.for_case(self.case, self.rng, self.cfg.interview, speed=self.persona.speed,
+                                    cap=self.cfg.max_exchanges, companion=self.companion is not None,
+                                    companion_knows=self.escort.knows if self.escort else None,
+                                    companion_required=self.escort.required() if self.escort else ())
+
     async def _start(self) -> Phase:
-        self.agenda = TopicAgenda.for_case(self.case, self.rng, self.cfg.interview, speed=self.persona.speed,
-                                           cap=self.cfg.max_exchanges, companion=self.companion is not None,
-                                           companion_knows=self.escort.knows if self.escort else None,
-                                           companion_required=self.escort.required() if self.escort else ())
+        self.agenda = self.plan_agenda()
         return Phase.EXPERIENCE
 
     async def _experience(self) -> Phase:
@@ -396,6 +400,20 @@ class Dialogue:
             "items_asked": self.agenda.items_asked(self.topic_ids) if self.agenda is not None else [],
             "exemplar_index": self.exemplars.source if self.exemplars is not None else None,
         }
+
+
+def setting(personas: list[ops.Persona], case: Case, run_seed: int, variant: int) -> tuple[ops.Persona, tuple[str, str, str]]:
+    """The doctor persona and the experience triple of a (case, variant), drawn from the run seed."""
+    persona = ops.choose_persona(personas, run_seed, case.case_id, variant)
+    return persona, ops.sample_triples(case, run_seed, variant + 1)[variant]
+
+
+def planned_exchanges(case: Case, variant: int, run_seed: int, cfg: DialogueConfig,
+                      personas: list[ops.Persona]) -> int:
+    """The exchanges a dialogue plans before any call: its agenda's length target, within the cap."""
+    persona, triple = setting(personas, case, run_seed, variant)
+    target = Dialogue(case, variant, run_seed, None, cfg, persona, triple).plan_agenda().target  # type: ignore[arg-type]
+    return min(target, cfg.max_exchanges) if target is not None else cfg.max_exchanges
 
 
 async def run_dialogue(case: Case, variant: int, run_seed: int, engine: EngineBase, cfg: DialogueConfig,

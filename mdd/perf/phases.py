@@ -17,6 +17,7 @@ from typing import Any
 from mdd.cases import Case
 from mdd.config import Config
 from mdd.driver import DialogueWorker, Item
+from mdd.scheduling import submission_order
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Phases:
         import ray
 
         self.cfg, self.engine = cfg, engine
+        self.cases = {c.case_id: c for c in cases}
         self.actors = engine_actors(engine)
         self.is_vllm = any(self.actors.values())  # vLLM engine actors (with call logs) behind the engine
         n = max(1, cfg.synth.num_workers)
@@ -110,10 +112,11 @@ class Phases:
                     e.reset_prefix_cache()
 
     def run(self, name: str, items: list[Item], in_flight: int) -> PhaseResult:
-        """``items`` with ``in_flight`` dialogues at a time, each finished one's slot going to the next."""
+        """``items`` with ``in_flight`` dialogues at a time, each finished one's slot going to the next,
+        submitted in the order the driver would (``synth.tail_order``); the order is set before the clock."""
         import ray
 
-        queue = list(reversed(items))
+        queue = list(reversed(submission_order(items, self.cases, self.cfg.synth, in_flight)))
         inflight: dict[Any, Item] = {}
         rows: list[dict[str, Any]] = []
         failed = rr = 0

@@ -11,8 +11,8 @@ One repeat, on one engine (the concurrent set is every (case, variant) of the ru
    lengths, no dialogue logic). Each prompt chain (a dialogue's doctor, patient or tool view) gets
    its own cached prefix, primed before the clock. The first repeat also replays phase 2 the way
    earlier benchmarks did, every cached part a prefix of one sequence shared by all calls: 135
-   requests reading the same KV blocks run faster on a CPU than any real batch (measured: 1.3x
-   the wall time of the per-chain replay on the same calls), which inflated the ceiling.
+   requests reading the same KV blocks run faster on a CPU than any real batch (measured: the
+   per-chain replay of the same calls took 1.24x its wall time), which inflated the ceiling.
 
 Per repeat: ``speedup`` (dialogues/min, concurrent ÷ one in flight), the same per exchange and per
 output token, ``engine_ceiling`` (the engine's own output tok/s at ``in_flight`` ÷ at 1, on those
@@ -21,8 +21,8 @@ calls), ``speedup_share_of_ceiling`` (the per-token speedup ÷ the ceiling), ``e
 phase's steady part only (``engine_utilization_steady``: until the last dialogue is admitted; after
 it the slots empty as the last dialogues finish, a tail a run of thousands pays once) and at one in
 flight, the prefix-cache hit rate of the concurrent phase, and the engine's busy time charged to
-roles (``replay.time_by_role``). ``summarise`` gives each figure's
-min / median / max over the repeats.
+roles (``replay.time_by_role``). ``summarise`` gives each figure's min / median / max over the
+repeats.
 """
 from __future__ import annotations
 

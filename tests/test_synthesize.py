@@ -165,7 +165,7 @@ def test_engine_actor_death_mid_run_is_retried(ray_session, tmp_path):
             Path(marker).touch()
             self.calls = 0
 
-        async def generate(self, messages, sampling, rid, session=""):
+        async def generate(self, messages, sampling, rid, session="", role=""):
             self.calls += 1
             if self.first_life and self.calls == 40:
                 os._exit(1)

@@ -70,25 +70,20 @@ def busy_seconds(records: list[tuple[Any, ...]]) -> float:
     return busy
 
 
-def _pool_figures(records: list[tuple[Any, ...]], d: dict[str, float], prefix: str) -> dict[str, Any]:
-    q, h = d.get(f"{prefix}prefix_cache_queries", 0.0), d.get(f"{prefix}prefix_cache_hits", 0.0)
-    return {"requests": len(records), "busy_s": round(busy_seconds(records), 2),
-            "prefix_cache_hit_rate": round(h / q, 4) if q else None,
-            "roles": sorted({r[5] for r in records if len(r) > 5 and r[5]}),
-            "time_by_role": replay.time_by_role(records)}
-
-
 def figures(phase: PhaseResult, m0: dict[str, float], m1: dict[str, float], threads: dict[str, int]) -> dict[str, Any]:
     """One run's throughput, per-pool figures, and the engine time by role in thread-seconds (a
     pool's seconds times its threads: a split pool's second costs half a shared engine's)."""
     d = replay.sum_counters(m0, m1)
-    pools = {name or "shared": _pool_figures(recs, d, f"{name}." if name else "")
-             for name, recs in phase.calls_by_pool.items()}
+    pools: dict[str, Any] = {}
     cost: dict[str, float] = {}
     for name, recs in phase.calls_by_pool.items():
-        t = threads.get(name, 1)
-        for role, sec in replay.time_by_role(recs)["seconds"].items():
-            cost[role] = cost.get(role, 0.0) + sec * t
+        by_role = replay.time_by_role(recs)
+        pools[name or "shared"] = {"requests": len(recs), "busy_s": round(busy_seconds(recs), 2),
+                                   "prefix_cache_hit_rate": replay.hit_rate(d, f"{name}." if name else ""),
+                                   "roles": sorted({r[5] for r in recs if len(r) > 5 and r[5]}),
+                                   "time_by_role": by_role}
+        for role, sec in by_role["seconds"].items():
+            cost[role] = cost.get(role, 0.0) + sec * threads.get(name, 1)
     total = sum(cost.values()) or 1.0
     return {**phase.summary(), "pools": pools,
             "engine_thread_seconds_by_role": {k: round(v, 1) for k, v in sorted(cost.items())},

@@ -61,11 +61,10 @@ def kv_tokens_per_dialogue(per_engine: int, gpu: str = "h100-80gb") -> dict[str,
 
 def _figures(phase: PhaseResult, m0: dict[str, float], m1: dict[str, float]) -> dict[str, Any]:
     d = replay.sum_counters(m0, m1)
-    q, h = d.get("prefix_cache_queries", 0.0), d.get("prefix_cache_hits", 0.0)
     prompt = sum(c[0] for c in phase.calls)
     cached = sum(c[1] for c in phase.calls)
     return {**phase.summary(),
-            "prefix_cache_hit_rate": round(h / q, 4) if q else None,
+            "prefix_cache_hit_rate": replay.hit_rate(d),
             "preemptions": d.get("preemptions", 0.0),
             "uncached_prompt_tokens_per_exchange": round((prompt - cached) / max(1, phase.exchanges), 1),
             "mean_requests_in_flight": replay.occupancy([c[3:5] for c in phase.calls], phase.in_flight)[

@@ -192,6 +192,13 @@ def sum_counters(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after if isinstance(after.get(k), (int, float))}
 
 
+def hit_rate(delta: dict[str, float], prefix: str = "") -> float | None:
+    """vLLM's prefix-cache hit rate over counter deltas (``sum_counters``); ``prefix``: a router's
+    ``<engine name>.`` for one pool's counters. None when nothing was queried."""
+    q = delta.get(f"{prefix}prefix_cache_queries", 0.0)
+    return round(delta.get(f"{prefix}prefix_cache_hits", 0.0) / q, 4) if q else None
+
+
 def time_by_role(records: list[tuple[Any, ...]]) -> dict[str, Any]:
     """The engine's busy time charged to roles: each moment's wall time split equally among the
     requests in flight then (a batched engine serves them in the same steps), from the call log's

@@ -73,8 +73,7 @@ def engine_tok_s(phases: Phases, calls: list[tuple[Any, ...]], concurrency: int,
 
 def _hit_rate(before: dict[str, float], after: dict[str, float]) -> tuple[float | None, dict[str, float]]:
     d = replay.sum_counters(before, after)
-    q = d.get("prefix_cache_queries", 0.0)
-    return (round(d["prefix_cache_hits"] / q, 4) if q else None), {"queries": q, "hits": d.get("prefix_cache_hits", 0.0)}
+    return replay.hit_rate(d), {"queries": d.get("prefix_cache_queries", 0.0), "hits": d.get("prefix_cache_hits", 0.0)}
 
 
 def one_repeat(phases: Phases, items: list[Any], in_flight: int, sequential: int, seed: int,

@@ -28,8 +28,10 @@ def test_split_halves_the_resources_and_routes_the_doctor_alone():
 
 
 def test_busy_seconds_is_the_union_of_spans():
+    from mdd.perf import replay
+
     recs = [(1, 0, 1, 0.0, 2.0), (1, 0, 1, 1.0, 3.0), (1, 0, 1, 5.0, 6.0), (1, 0, 1, 5.5, 5.8)]
-    assert pools.busy_seconds(recs) == 4.0 and pools.busy_seconds([]) == 0.0
+    assert replay.time_by_role(recs)["busy_s"] == 4.0 and replay.time_by_role([])["busy_s"] == 0.0
 
 
 def test_router_calls_reach_their_engine_and_are_charged_to_their_roles(vllm_engine, tiny_model_dir, ray_session):

@@ -49,25 +49,12 @@ def configs(cfg: Config) -> dict[str, Config]:
     """``shared``: the config's one engine for every role; ``split``: two engines with half its
     resources each, the doctor on one, every other role on the other."""
     if cfg.engines or cfg.engine.name != "vllm":
-        raise ValueError("the pools profile needs a single vllm engine: (it is split in two)")
+        raise ValueError("the pools profile needs a single vllm engine (it is split in two)")
     shared_engine = cfg.engine.model_copy(update={"vllm": cfg.engine.vllm.model_copy(update={"num_engines": 1})})
     half = _half(cfg.engine).model_dump()
     raw = {k: v for k, v in cfg.model_dump().items() if k != "engine"}
     split = Config.model_validate({**raw, "engines": {"doctor": half, "rest": half}, "roles": SPLIT_ROLES})
     return {"shared": cfg.model_copy(update={"engine": shared_engine}), "split": split}
-
-
-def busy_seconds(records: list[tuple[Any, ...]]) -> float:
-    """Wall time with at least one request in the engine (the union of the requests' spans)."""
-    busy, end = 0.0, None
-    for a, b in sorted((r[3], r[4]) for r in records):
-        if end is None or a > end:
-            busy += b - a
-            end = b
-        elif b > end:
-            busy += b - end
-            end = b
-    return busy
 
 
 def figures(phase: PhaseResult, m0: dict[str, float], m1: dict[str, float], threads: dict[str, int]) -> dict[str, Any]:
@@ -78,7 +65,7 @@ def figures(phase: PhaseResult, m0: dict[str, float], m1: dict[str, float], thre
     cost: dict[str, float] = {}
     for name, recs in phase.calls_by_pool.items():
         by_role = replay.time_by_role(recs)
-        pools[name or "shared"] = {"requests": len(recs), "busy_s": round(busy_seconds(recs), 2),
+        pools[name or "shared"] = {"requests": len(recs), "busy_s": by_role["busy_s"],
                                    "prefix_cache_hit_rate": replay.hit_rate(d, f"{name}." if name else ""),
                                    "roles": sorted({r[5] for r in recs if len(r) > 5 and r[5]}),
                                    "time_by_role": by_role}
@@ -94,7 +81,6 @@ def _threads(c: Config) -> dict[str, int]:
     if c.engines:
         return {n: int(e.vllm.cpu_threads or 1) for n, e in c.engines.items()}
     return {"": int(c.engine.vllm.cpu_threads or 1)}
-
 
 
 def measure(c: Config, cases: list[Any], items: list[Any], in_flight: int, name: str, engine: Any) -> dict[str, Any]:

@@ -101,10 +101,19 @@ def choose_persona(personas: list[Persona], run_seed: int, case_id: str, variant
 # --- FicExpGen ----------------------------------------------------------------------
 
 
+_FITTING: dict[int, tuple[Case, tuple[tuple[str, str, str], ...]]] = {}  # id(case) → (case, its triples)
+
+
 def graph_triples(case: Case) -> list[tuple[str, str, str]]:
     """Every (time, people, event) of the case's knowledge graph that fits the case and itself
-    (mdd/dialogue/experience.py)."""
-    return fitting_triples(case)
+    (mdd/dialogue/experience.py), worked out once per case object in a process (every variant of a
+    case, and the driver's submission order, draw from the same list); a fresh list each call."""
+    got = _FITTING.get(id(case))
+    if got is None or got[0] is not case:
+        if len(_FITTING) >= 4096:
+            _FITTING.clear()
+        got = _FITTING[id(case)] = (case, tuple(fitting_triples(case)))
+    return list(got[1])
 
 
 def sample_triples(case: Case, run_seed: int, n: int) -> list[tuple[str, str, str]]:

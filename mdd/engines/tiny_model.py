@@ -212,8 +212,16 @@ def is_tiny(model: str) -> bool:
 
 
 def resolve_model(model: str) -> str:
-    """``tiny`` / ``tiny:<dir>`` → a built local folder; anything else is returned unchanged."""
+    """``tiny`` / ``tiny:<dir>`` → a built local folder; a model of the registry (``mdd/models``) → its
+    fetched folder; anything else is returned unchanged."""
     if not is_tiny(model):
-        return model
+        from mdd import models
+
+        try:
+            return models.resolve(model)
+        except models.ModelError as exc:
+            from mdd.engines.base import EngineError
+
+            raise EngineError(str(exc)) from None
     _, _, d = model.partition(":")
     return str(build_tiny_model(Path(d) if d else Path.cwd() / DEFAULT_DIR))

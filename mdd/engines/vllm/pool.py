@@ -111,6 +111,14 @@ class VLLMPoolEngine(EngineBase):
 
     # ----- launch (driver) ------------------------------------------------------------
     @classmethod
+    def preflight(cls, cfg: Any) -> None:
+        """A model of the registry must be fetched before anything starts (EngineError names the command)."""
+        from mdd.engines.tiny_model import is_tiny, resolve_model
+
+        if not is_tiny(cfg.model) and not getattr(cfg.vllm, "hosted", None):
+            resolve_model(cfg.model)
+
+    @classmethod
     def launch(cls, cfg: Any, actor_cls: Any = None) -> "VLLMPoolEngine":
         """Start ``cfg.vllm.num_engines`` engine actors (``actor_cls``, by default
         :class:`EngineActor`) and wait until all are ready. ``cfg.vllm.hosted`` starts

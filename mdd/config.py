@@ -102,9 +102,20 @@ class EngineConfig(_Frozen):
 
 
 class SamplingConfig(_Frozen):
+    """How the speaking agents sample. A field the config leaves out takes the model family's
+    recommendation (``family``; ``mdd/knowledge/sampling.yaml``: Qwen2.5's published temperature 0.7,
+    top_p 0.8, top_k 20, repetition_penalty 1.05), else the default below; a field the config sets is
+    used as set."""
+
+    family: str = Field("auto", description="whose recommended sampling fills the fields not set: auto (by the "
+                        "doctor's model name), a family of mdd/knowledge/sampling.yaml, or none (the defaults "
+                        "below)")
     temperature: float = Field(0.8, ge=0.0)
     top_p: float = Field(0.9, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
     frequency_penalty: float = 0.3
+    repetition_penalty: float = Field(1.0, gt=0.0, description="vLLM's repetition penalty (1.0: off; Qwen "
+                                      "recommends 1.05)")
     doctor_max_tokens: int = Field(160, ge=8)
     patient_max_tokens: int = Field(200, ge=8)
     story_max_tokens: int = Field(400, ge=8)
@@ -179,6 +190,42 @@ class CompanionConfig(_Frozen):
     max_interjections: int = Field(3, ge=0)
 
 
+class GuardConfig(_Frozen):
+    """Turn guards at generation time (mdd/dialogue/guards.py, mdd/knowledge/guards.yaml): every generated
+    turn is checked, a failing one regenerated with a new seed and a short corrective note; a turn that
+    still fails ends the dialogue as a counted failure (failures.parquet), never as a clean row."""
+
+    enabled: tuple[str, ...] = Field(("role", "echo", "loop", "leak", "truncation", "repeat", "language",
+                                      "faithfulness"), description="the guards that run")
+    max_regenerations: int = Field(3, ge=0, description="regenerations of one failing turn before the dialogue "
+                                   "fails")
+    story: bool = Field(True, description="guard the fictitious experience too (loop, leak, language, truncation, "
+                        "role)")
+
+    @field_validator("enabled")
+    @classmethod
+    def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from mdd.dialogue.guards import GUARDS
+
+        unknown = [g for g in v if g not in GUARDS]
+        if unknown:
+            raise ValueError(f"unknown guard(s) {unknown}; known: {list(GUARDS)}")
+        return v
+
+
+class LayoutConfig(_Frozen):
+    """How each speaking agent's history is rendered (mdd/dialogue/views.py): its own turns are the
+    assistant's, everyone else's the user's; the per-turn instruction goes after the other side's last
+    words, before them, or in a system message of its own right before the reply; the other side's
+    turns carry a speaker label (医生：…) always or only when a companion makes three speakers. Every
+    layout keeps the prompts append-only (the prefix cache)."""
+
+    instruction: Literal["after", "before", "system"] = Field("after", description="where the per-turn "
+                                                                "instruction goes")
+    labels: Literal["companion", "always"] = Field("companion", description="label the other side's turns "
+                                                   "always, or only with a companion in the room")
+
+
 class DialogueConfig(_Frozen):
     max_exchanges_per_topic: int = Field(3, ge=1, description="hard cap, whatever IsTopicEnd says")
     max_exchanges: int = Field(60, ge=10, description="IsDialEnd's hard cap for a whole dialogue")
@@ -187,6 +234,8 @@ class DialogueConfig(_Frozen):
                                     "would pass this many tokens (keep below the model's context); 0: no limit")
     dup_detect: bool = True
     sampling: SamplingConfig = SamplingConfig()
+    guards: GuardConfig = GuardConfig()
+    layout: LayoutConfig = LayoutConfig()
     interview: InterviewConfig = InterviewConfig()
     exemplars: ExemplarConfig = ExemplarConfig()
     companion: CompanionConfig = CompanionConfig()
@@ -386,6 +435,44 @@ class ConfigError(ValueError):
     pass
 
 
+SAMPLING_FAMILY_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty")
+
+
+def sampling_family(name: str, model: str) -> dict[str, Any] | None:
+    """The recommended sampling of family ``name`` (``auto``: the family whose match word ``model``
+    holds; ``none``: no family). Raises ConfigError on an unknown family name."""
+    from mdd import knowledge
+
+    families = knowledge.load_yaml("sampling.yaml")["families"]
+    if name == "none":
+        return None
+    if name == "auto":
+        key = os.path.basename(str(model).rstrip("/")).lower() or str(model).lower()
+        key = f"{str(model).lower()} {key}"
+        return next((f for f in families.values() if any(m in key for m in f["match"])), None)
+    if name not in families:
+        raise ConfigError(f"synth.dialogue.sampling.family: unknown family {name!r}; known: auto, none, "
+                          f"{', '.join(sorted(families))}")
+    return families[name]
+
+
+def resolve_sampling(cfg: "Config") -> "Config":
+    """``cfg`` with the doctor's model family's recommended sampling in every sampling field the config
+    left out (``SamplingConfig.family``)."""
+    s = cfg.synth.dialogue.sampling
+    doctor = cfg.engine_for("doctor")
+    fam = sampling_family(s.family, doctor.model if doctor is not None else "")
+    if fam is None:
+        return cfg
+    update = {k: fam[k] for k in SAMPLING_FAMILY_FIELDS if k in fam and k not in s.model_fields_set}
+    if not update:
+        return cfg
+    d = cfg.synth.dialogue
+    return cfg.model_copy(update={"synth": cfg.synth.model_copy(update={"dialogue": d.model_copy(
+        update={"sampling": SamplingConfig.model_validate({**s.model_dump(exclude_unset=True), **update,
+                                                           "family": s.family})})})})
+
+
 def _describe(err: ValidationError, path: str) -> str:
     """One line naming each bad key and what is wrong (pydantic's messages do not quote the value)."""
     problems = []
@@ -428,6 +515,7 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
                 raise ConfigError(f"{src}: {dotted}: {k} must be a mapping")
         node[leaf] = value
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, src)) from exc
+    return resolve_sampling(cfg)

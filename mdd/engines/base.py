@@ -25,12 +25,15 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """Sampling parameters. ``choice`` and ``json_schema`` request structured output;
-    ``min_tokens`` suppresses the end of the answer until that many tokens (0: off)."""
+    ``min_tokens`` suppresses the end of the answer until that many tokens (0: off); ``top_k`` 0 and
+    ``repetition_penalty`` 1.0 are off."""
 
     temperature: float = 0.7
     top_p: float = 0.9
     max_tokens: int = 256
     frequency_penalty: float = 0.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     choice: tuple[str, ...] | None = None
     json_schema: dict[str, Any] | None = None

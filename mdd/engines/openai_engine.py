@@ -158,6 +158,10 @@ class OpenAIEngine(EngineBase):
             body["seed"] = s.seed
         if s.min_tokens:
             body["min_tokens"] = s.min_tokens  # a vLLM server extension; sent only when asked for
+        if s.top_k:
+            body["top_k"] = s.top_k  # vLLM (and most OpenAI-compatible servers) take these two as extensions
+        if s.repetition_penalty != 1.0:
+            body["repetition_penalty"] = s.repetition_penalty
         if s.choice is not None:
             body["structured_outputs"] = {"choice": list(s.choice)}
         elif s.json_schema is not None:

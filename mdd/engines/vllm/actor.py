@@ -62,6 +62,8 @@ def sampling_to_dict(s: Sampling) -> dict[str, Any]:
         "top_p": s.top_p,
         "max_tokens": s.max_tokens,
         "frequency_penalty": s.frequency_penalty,
+        "top_k": s.top_k,
+        "repetition_penalty": s.repetition_penalty,
         "seed": s.seed,
         "choice": list(s.choice) if s.choice is not None else None,
         "json_schema": s.json_schema,
@@ -88,6 +90,8 @@ def build_sampling_params(d: dict[str, Any], max_tokens: int | None = None) -> A
         max_tokens=max_tokens,
         min_tokens=min(int(d.get("min_tokens") or 0), max_tokens),
         frequency_penalty=float(d.get("frequency_penalty", 0.0)),
+        top_k=int(d.get("top_k") or 0),  # 0: off
+        repetition_penalty=float(d.get("repetition_penalty", 1.0)),
         seed=d.get("seed"),
         structured_outputs=structured,
         output_kind=RequestOutputKind.FINAL_ONLY,

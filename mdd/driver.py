@@ -32,6 +32,7 @@ import pyarrow as pa
 from mdd import privacy, provenance, schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.config import Config, DialogueConfig
+from mdd.dialogue.guards import GuardTally
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
 from mdd.engines.router import launch_for
 from mdd.evaluate.speech import SpeechTally
@@ -69,7 +70,7 @@ class DialogueWorker:
 
     async def run(self, case_id: str, variant: int) -> dict[str, Any]:
         from mdd.dialogue import ops
-        from mdd.dialogue.loop import run_dialogue, setting
+        from mdd.dialogue.loop import GuardFailure, run_dialogue, setting
 
         case = self.cases[case_id]
         finished = False
@@ -80,6 +81,10 @@ class DialogueWorker:
             finished = True
         except EngineError as exc:
             return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
+        except GuardFailure as exc:  # a turn that failed its guards after every regeneration: counted, not retried
+            return {"ok": False, "retriable": False, "error": f"guard: {exc}",
+                    "guard_failure": {"speaker": exc.speaker, "guards": exc.guards, "events": exc.events,
+                                      "generated": exc.generated}}
         except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
             # retried from the start unless the exception says retrying cannot help (a 4xx request error)
             return {"ok": False, "retriable": getattr(exc, "retriable", True),
@@ -95,6 +100,7 @@ class DialogueWorker:
             "calls_by_op": acct.by_op,
             "fallbacks": acct.fallbacks,
             "cached_tokens": acct.cached_tokens,
+            "generated": acct.generated,
         }
 
     def ready(self) -> str:
@@ -184,6 +190,8 @@ class RunStats:
     cached_tokens: int = 0
     exchanges: int = 0
     speech: SpeechTally = field(default_factory=SpeechTally)
+    guards: GuardTally = field(default_factory=GuardTally)
+    by_model_role: dict[str, dict[str, Counter]] = field(default_factory=dict)  # model -> role -> calls, tokens
     written: int = 0  # dialogues written to shards by this run
 
     def add(self, res: dict[str, Any]) -> None:
@@ -201,6 +209,19 @@ class RunStats:
         self.calls_by_op.update(res["calls_by_op"])
         self.fallbacks.update(res["fallbacks"])
         self.cached_tokens += res["cached_tokens"]
+        self.guards.add(res.get("generated") or {}, row.get("guard_events") or [])
+        per_role = {"calls": res["calls_by_role"], "prompt_tokens": row["prompt_tokens_by_role"],
+                    "output_tokens": row["output_tokens_by_role"], "cached_tokens": row.get("cached_tokens_by_role") or {}}
+        for role, model in (row.get("models") or {}).items():
+            if model is None:
+                continue
+            c = self.by_model_role.setdefault(model, {}).setdefault(role, Counter())
+            for k, v in per_role.items():
+                c[k] += int(v.get(role) or 0)
+
+    def by_model_and_role(self) -> dict[str, dict[str, dict[str, int]]]:
+        """``{model: {role: {calls, prompt_tokens, output_tokens, cached_tokens}}}`` over the run's dialogues."""
+        return {m: {r: dict(c) for r, c in sorted(roles.items())} for m, roles in sorted(self.by_model_role.items())}
 
 
 def plan(cases: list[Case], variants: int) -> list[Item]:
@@ -329,6 +350,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
                    "cached_by_model": dict(stats.by_model["cached_tokens"]),
                    "cached_prompt_tokens": stats.cached_tokens},
         "fallbacks": dict(stats.fallbacks),
+        "guards": {"enabled": list(sc.dialogue.guards.enabled), "max_regenerations": sc.dialogue.guards.max_regenerations,
+                   **stats.guards.summary()},
+        "usage_by_model_and_role": stats.by_model_and_role(),
         "speech": stats.speech.summary(),  # jargon share, repeated doctor openers, patient turn lengths, styles
         "engine": {"name": cfg.engine.name if engine is None else engine.name,
                    "model": cfg.engine.model if engine is None else engine.model, "metrics": engine_metrics},
@@ -410,14 +434,17 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
         attempts[it.dialogue_id] += 1
         inflight[workers[k].run.remote(it.case_id, it.variant)] = (it, k, workers[k])
 
-    def settle(it: Item, row: dict[str, Any] | None, error: str | None) -> None:
+    def settle(it: Item, row: dict[str, Any] | None, error: str | None, guard: dict[str, Any] | None = None) -> None:
         si = shard_of[it.dialogue_id]
         if row is not None:
             pending_rows[si].append(row)
         else:
             error = privacy.mask(error or "unknown")  # an engine's error body may quote the prompt
             failures.append({"dialogue_id": it.dialogue_id, "case_id": it.case_id, "variant": it.variant,
-                             "attempts": attempts[it.dialogue_id], "error": error})
+                             "attempts": attempts[it.dialogue_id], "error": error,
+                             "guards": guard["guards"] if guard else None, "speaker": guard["speaker"] if guard else None,
+                             "guard_events": [{**e, "reason": privacy.mask(e["reason"])} for e in guard["events"]]
+                             if guard else None})
             log.error("dialogue %s failed after %d attempts: %s", it.dialogue_id, attempts[it.dialogue_id],
                       (error or "").splitlines()[0] if error else "")
         remaining[si] -= 1
@@ -471,7 +498,10 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                                 privacy.mask(res["error"].splitlines()[0]))
                     heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))
                 else:
-                    settle(it, None, res["error"])
+                    g = res.get("guard_failure")
+                    if g is not None:
+                        stats.guards.add(g["generated"], g["events"], (g["speaker"], g["guards"]))
+                    settle(it, None, res["error"], g)
     except KeyboardInterrupt:
         interrupted = True
         bar.close()

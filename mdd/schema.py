@@ -50,6 +50,18 @@ USAGE_BY_MODEL = pa.list_(pa.struct(
     ]
 ))
 
+# A generated turn's attempt that a turn guard failed (mdd/dialogue/guards.py): the turn was asked again
+GUARD_EVENT = pa.struct(
+    [
+        pa.field("turn", pa.int32()),  # the index the turn has (or would have had) in `turns`; the story: 0
+        pa.field("speaker", pa.string()),  # doctor | patient | companion | story (the fictitious experience)
+        pa.field("guard", pa.string()),  # role | echo | loop | leak | truncation | repeat | language | faithfulness
+        pa.field("attempt", pa.int32()),  # 0: the first generation
+        pa.field("reason", pa.string()),
+        pa.field("text", pa.string()),  # what the failed attempt said (its first 200 characters)
+    ]
+)
+
 # One row per synthesized (or imported) dialogue: OUT/synth/*.parquet
 DIALOGUE = pa.schema(
     [
@@ -92,6 +104,10 @@ DIALOGUE = pa.schema(
         pa.field("calls_by_role", TOKENS_BY_ROLE),
         pa.field("cached_tokens_by_role", TOKENS_BY_ROLE),
         pa.field("usage_by_model", USAGE_BY_MODEL),
+        # turn guards: every failed attempt that was asked again, and how many attempts were (null in files
+        # written before the guards)
+        pa.field("guard_events", pa.list_(GUARD_EVENT)),
+        pa.field("regenerations", pa.int32()),
     ]
 )
 
@@ -131,6 +147,11 @@ FAILURE = pa.schema(
         pa.field("variant", pa.int32(), nullable=False),
         pa.field("attempts", pa.int32(), nullable=False),
         pa.field("error", pa.string(), nullable=False),
+        # a dialogue a turn guard ended: the guards that failed its last turn, that turn's speaker, and every
+        # failed attempt of the dialogue (null for other failures)
+        pa.field("guards", pa.list_(pa.string())),
+        pa.field("speaker", pa.string()),
+        pa.field("guard_events", pa.list_(GUARD_EVENT)),
     ]
 )
 
@@ -165,6 +186,8 @@ TURN_EVAL = pa.schema(
         pa.field("high_quality", pa.bool_(), nullable=False),
         # the first gate of mdd/evaluate/gates.py the exchange failed, or "ok" (high quality)
         pa.field("hq_reason", pa.string()),
+        # the turn guards (mdd/dialogue/guards.py) the exchange fails: "doctor:repeat", "answer:echo" …
+        pa.field("turn_guards", pa.list_(pa.string())),
     ]
 )
 
@@ -202,6 +225,9 @@ DIALOGUE_EVAL = pa.schema(
         pa.field("n_high_quality", pa.int32(), nullable=False),
         pa.field("rules_triggered", pa.int32()),
         pa.field("rules_passed", pa.int32()),
+        # exchanges whose question or answer fails a turn guard, as a share; the dialogue's `overall` is the
+        # mean of its exchanges' times (1 - this share): a dialogue falls with its collapsed turns
+        pa.field("guard_failed_share", pa.float64()),
     ]
 )
 

@@ -18,12 +18,13 @@ from mdd.engines.base import Completion, EngineBase, Request
 from mdd.engines.scripted import ScriptedEngine
 from mdd.evaluate.speech import leak_pattern, length_stats
 from mdd.tree import build_tree, rand_visit
+from mdd.dialogue.prompts import LENGTHS
 
 import random
 
 ROOT = Path(__file__).resolve().parents[1]
 PA20 = ROOT.parent / "shared" / "mdd5k" / "cases" / "pa20.json"
-BUDGET = re.compile(r"这次最多说(\d+)个字")
+BUDGET = re.compile("|".join(words for _, words in LENGTHS))  # the answer's length, said in words
 
 
 class Recording(EngineBase):
@@ -98,19 +99,26 @@ def test_patient_prompts_are_lay_with_a_budget_on_every_turn(samples):
 
 
 def test_a_guarded_patient_denies_then_admits_when_asked_again(samples):
-    case = samples["S05"]  # bulimia with thoughts of death: withheld topics the record affirms
+    case = samples["S11"]  # drinks to fall asleep, with thoughts of death
     book = style_book()
     role = PatientRole(case, book.styles["guarded"], seed=1)
-    topic = next(t for t in rand_visit(build_tree(case), random.Random(0)) if t.id == "self_harm")
-    first, ctx1 = role.turn(topic, "最近有没有想过伤害自己？", followup=False, empathy=False, trigger=False,
+    visit = rand_visit(build_tree(case), random.Random(0))
+    topic = next(t for t in visit if t.id == "substance_use")
+    first, ctx1 = role.turn(topic, "平时喝酒吗？", followup=False, empathy=False, trigger=False,
                             story="", triple=("去年", "同学", "被孤立"))
     again, ctx2 = role.turn(topic, "很多人都会这样，能再说说吗？", followup=True, empathy=False, trigger=False,
                             story="", triple=("去年", "同学", "被孤立"))
     assert ctx1["withhold"] and "先含糊带过" in first
     assert ctx2["admit"] and "说出实情" in again
+    # thoughts of dying are never withheld: a denial of what the record documents fails the turn guards
+    harm = next(t for t in visit if t.id == "self_harm")
+    said, ctx = role.turn(harm, "最近有没有想过伤害自己？", followup=False, empathy=False, trigger=False,
+                          story="", triple=("去年", "同学", "被孤立"))
+    assert not ctx["withhold"] and "先含糊带过" not in said and "死了也好" in said
     eng = ScriptedEngine()
     assert evasive(asyncio.run(eng.generate(Request(messages=(), agent="patient", op="PatGen", context=ctx1))).text)
     # an opener-up (tearful) relaxes after the doctor's empathy: longer budgets, nothing withheld
+    topic = harm
     tearful = PatientRole(case, book.styles["tearful"], seed=1)
     before = [tearful.budget() for _ in range(200)]
     tearful.turn(topic, "听起来你真的很辛苦。", followup=False, empathy=True, trigger=False, story="",
@@ -130,7 +138,7 @@ def test_the_doctor_re_asks_a_dodged_question(sample_run):
                     answered += not evasive(t[i + 2]["text"])
     # most dodges get a second question on the same topic (the rest hit the per-topic cap), and
     # most second questions get a real answer
-    assert dodged > 80 and reasks / dodged > 0.7 and answered / reasks > 0.5, (dodged, reasks, answered)
+    assert dodged > 60 and reasks / dodged > 0.7 and answered / reasks > 0.5, (dodged, reasks, answered)
 
 
 def test_main_job_patients_figures(sample_run):

@@ -180,7 +180,7 @@ class CompanionRole:
         facts = self._mine(lay_facts(self.case, topic, self.lay, self.who.pron))
         n = self._budget("budget")
         what = self.lay.topic(topic).replace("你", self.who.pron)
-        instruction = P.COMPANION_ANSWER.format(topic=what, pron=self.who.pron, budget=n)
+        instruction = P.COMPANION_ANSWER.format(topic=what, pron=self.who.pron, length=P.length_words(n))
         return instruction, self._context(facts, n, interject=False, correct=False)
 
     def interjection(self, topic: Topic, answer: str, affirmed: bool,
@@ -203,7 +203,7 @@ class CompanionRole:
         self.interjections += 1
         n = self._budget("interject_budget")
         how = P.COMPANION_CORRECT if played_down else P.COMPANION_ADD
-        instruction = P.COMPANION_INTERJECT.format(pron=self.who.pron, how=how, budget=n)
+        instruction = P.COMPANION_INTERJECT.format(pron=self.who.pron, how=how, length=P.length_words(n))
         return instruction, self._context(facts, n, interject=True, correct=played_down)
 
     def knows(self, topic: Topic) -> bool:
@@ -231,7 +231,7 @@ class CompanionRole:
         self.interjections += 1
         n = self._budget("interject_budget")
         facts = self._mine(self.lay.text(self.case.present_illness, self.who.pron))
-        instruction = P.COMPANION_INTERJECT.format(pron=self.who.pron, how=P.COMPANION_ADD, budget=n)
+        instruction = P.COMPANION_INTERJECT.format(pron=self.who.pron, how=P.COMPANION_ADD, length=P.length_words(n))
         return instruction, self._context(clip(facts, 200), n, interject=True, correct=False)
 
     def _context(self, facts: str, budget: int, *, interject: bool, correct: bool) -> dict[str, Any]:

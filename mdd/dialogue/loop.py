@@ -18,7 +18,7 @@ from typing import Any
 
 from mdd.cases import Case
 from mdd.config import DialogueConfig
-from mdd.dialogue import ops
+from mdd.dialogue import guards, ops
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
@@ -27,12 +27,28 @@ from mdd.dialogue.closing import spoken_closing
 from mdd.dialogue.companion import CompanionRole, addressee, choose_companion
 from mdd.dialogue.patient import PatientRole, choose_style
 from mdd.dialogue.views import agent_view
+from mdd.evaluate.faithfulness import case_fields
 from mdd.evaluate.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.tree import Topic
 
 ROLES = ("doctor", "patient", "companion", "tool")
 MIN_DOCTOR_TURNS = 10  # DupDetect never trims a dialogue below this many questions
+
+
+class GuardFailure(RuntimeError):
+    """A generated turn that still failed its guards after every regeneration: the dialogue ends as a
+    counted failure with the guards' reasons (never as a clean row). Retrying the dialogue cannot be
+    expected to help more than the regenerations did, so the driver does not."""
+
+    retriable = False
+
+    def __init__(self, dialogue_id: str, speaker: str, turn: int, failures: list[guards.Failure],
+                 events: list[dict[str, Any]], generated: dict[str, int]):
+        self.speaker, self.turn, self.failures, self.events, self.generated = speaker, turn, failures, events, generated
+        self.guards = sorted({f.guard for f in failures})
+        super().__init__(f"{dialogue_id}: the {speaker}'s turn {turn} failed "
+                         + "; ".join(str(f) for f in failures) + " after every regeneration")
 
 
 class Phase(enum.Enum):
@@ -56,6 +72,7 @@ class Accounting:
     cached_by_role: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     by_op: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
+    generated: dict[str, int] = field(default_factory=dict)  # generated turns by speaker (the guards' denominator)
 
     def add(self, agent: str, op: str, c: Completion) -> None:
         role = agent if agent in ROLES else "tool"
@@ -109,17 +126,20 @@ class Dialogue:
         self.companion = choose_companion(case, seed, cfg.companion)
         self.escort = CompanionRole(case, self.companion, cfg.companion, seed) if self.companion else None
         self.companion_system = ""
+        # the turn guards: what the record documents, every failed attempt, generated turns by speaker
+        self.record = guards.RecordFacts.of(case_fields(case))
+        self.guard_events: list[dict[str, Any]] = []
+        self.generated = self.acct.generated
         self.addressee = "patient"  # who the doctor's current question is for
         self.interjected = False  # the companion cut in after the last answer
         self.doctor_system = persona.system_prompt() + (P.DOCTOR_COMPANION.format(
             relation=self.companion.relation, address=self.companion.address) if self.companion else "")
         s = cfg.sampling
-        self.sp_doctor = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.doctor_max_tokens,
-                                  frequency_penalty=s.frequency_penalty, min_tokens=s.doctor_min_tokens)
-        self.sp_patient = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.patient_max_tokens,
-                                   frequency_penalty=s.frequency_penalty, min_tokens=s.patient_min_tokens)
-        self.sp_story = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.story_max_tokens,
-                                 frequency_penalty=s.frequency_penalty)
+        free = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, frequency_penalty=s.frequency_penalty,
+                    repetition_penalty=s.repetition_penalty)
+        self.sp_doctor = Sampling(max_tokens=s.doctor_max_tokens, min_tokens=s.doctor_min_tokens, **free)
+        self.sp_patient = Sampling(max_tokens=s.patient_max_tokens, min_tokens=s.patient_min_tokens, **free)
+        self.sp_story = Sampling(max_tokens=s.story_max_tokens, **free)
         self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens, choice=(ops.YES, ops.NO))
         self.sp_json = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.json_max_tokens)
 
@@ -143,7 +163,10 @@ class Dialogue:
         if self.companion is not None:
             labels = {"doctor": "医生", "patient": "患者" if speaker == "doctor" else self.companion.kin,
                       "companion": self.companion.relation}
-        return agent_view(system, opening, self.turns, self.instructions, speaker, labels, self.cfg.history_window)
+        elif self.cfg.layout.labels == "always":
+            labels = {"doctor": "医生", "patient": "患者"}
+        return agent_view(system, opening, self.turns, self.instructions, speaker, labels, self.cfg.history_window,
+                          self.cfg.layout.instruction)
 
     def doctor_view(self) -> list[Message]:
         return self._view(self.doctor_system, "doctor", P.OPENING_PATIENT)
@@ -160,10 +183,53 @@ class Dialogue:
         if turn is None or self.escort is None:
             return False
         instruction, context = turn
-        text = await ops.companion_gen(self.call, self.companion_view(), instruction, self.sp_patient, context)
+        context = {**context, "question": self._previous("companion")}
+        text = await self._generate("companion", self.companion_view(), instruction, self.sp_patient, context)
         self._say("companion", text, topic, instruction, grounding=grounding)
         self.escort.heard(text)
         return True
+
+    async def _generate(self, speaker: str, view: list[Message], instruction: str, sampling: Sampling,
+                        context: dict[str, Any], topic_risk: bool = False) -> str:
+        """One speaking turn, checked by the guards: a failing attempt is asked again (a new seed, the
+        guard's corrective note after the instruction) up to ``guards.max_regenerations`` times; then
+        the dialogue fails (GuardFailure). Every failed attempt is kept in ``guard_events``."""
+        g = self.cfg.guards
+        gen = ops.SPEAK[speaker]
+        own = tuple(t["text"] for t in self.turns if t["speaker"] == speaker)
+        previous = self._previous(speaker)
+        names = [self.persona.surname] if speaker == "doctor" else \
+            [self.companion.relation] if speaker == "companion" and self.companion else []
+        self.generated[speaker] = self.generated.get(speaker, 0) + 1
+        note = ""
+        for attempt in range(g.max_regenerations + 1):
+            c = await gen(self.call, view, instruction + note, sampling,
+                          {**context, "attempt": attempt} if attempt else context)
+            text = guards.strip_label(c.text, speaker, names)
+            fails = guards.check(guards.Turn(
+                speaker=speaker, text=text, finish_reason=c.finish_reason, previous=previous, own=own,
+                asked=own if speaker == "doctor" else (), topic_risk=topic_risk, record=self.record), g.enabled)
+            if not fails:
+                return text
+            self._guard_failed(speaker, attempt, fails, text)
+            note = guards.note(fails[0], speaker, self._risk_facts)
+        raise GuardFailure(self.id, speaker, len(self.turns), fails, self.guard_events, self.generated)
+
+    def _guard_failed(self, speaker: str, attempt: int, fails: list[guards.Failure], text: str) -> None:
+        for f in fails:
+            self.guard_events.append({"turn": len(self.turns), "speaker": speaker, "guard": f.guard,
+                                      "attempt": attempt, "reason": f.reason, "text": text[:200]})
+
+    def _previous(self, speaker: str) -> str:
+        """The other side's last turn: for the doctor the last answer, for the others the last question."""
+        for t in reversed(self.turns):
+            if (t["speaker"] == "doctor") != (speaker == "doctor") and t["speaker"] in guards.SPEAKERS:
+                return t["text"]
+        return ""
+
+    def _risk_facts(self, kind: str) -> str:
+        """The record's clauses on a documented risk, in the patient's own words (a corrective note)."""
+        return "；".join(self.patient.lay.text(c) for c in self.record.risks.get(kind, ()))[:120]
 
     def _say(self, speaker: str, text: str, topic: str, instruction: str | None = None,
              grounding: list[str] | None = None) -> None:
@@ -210,23 +276,41 @@ class Dialogue:
         return Phase.EXPERIENCE
 
     async def _experience(self) -> Phase:
-        self.story = await ops.fic_exp_gen(self.call, self.case, self.triple, self.sp_story)
+        self.story = await self._story()
         self.patient_system = self.patient.system_prompt(self.triple, self.story,
                                                          self.companion.relation if self.companion else None)
         if self.escort is not None:
             self.companion_system = self.escort.system_prompt()
         return Phase.OPENING
 
+    async def _story(self) -> str:
+        """FicExpGen, guarded (loop, leak, language, truncation, role) when ``guards.story`` is on."""
+        g = self.cfg.guards
+        enabled = tuple(x for x in g.enabled if x in ("loop", "leak", "language", "truncation", "role")) \
+            if g.story else ()
+        self.generated["story"] = 1
+        note = ""
+        for attempt in range(g.max_regenerations + 1):
+            c = await ops.fic_exp_gen(self.call, self.case, self.triple, self.sp_story, note)
+            text = c.text.strip()
+            fails = guards.check(guards.Turn(speaker="story", text=text, finish_reason=c.finish_reason), enabled)
+            if not fails:
+                time, people, event = self.triple
+                return text or f"{time}，{ops.triple_phrase(people, event)}，那段时间我心里一直很难受。"
+            self._guard_failed("story", attempt, fails, text)
+            note = guards.note(fails[0], "story")
+        raise GuardFailure(self.id, "story", 0, fails, self.guard_events, self.generated)
+
     async def _opening(self) -> Phase:
         instruction = ops.prompt_gen(self.persona, None, followup=False, new_topic=False, empathy="")
         if self.companion is not None:
             instruction += P.DOC_OPENING_COMPANION.format(relation=self.companion.relation)
-        q = await ops.doc_gen(self.call, self.doctor_view(), instruction, self.sp_doctor,
-                              {"opening": True, "surname": self.persona.surname,
-                               "companion": self.companion.address if self.companion else None})
+        q = await self._generate("doctor", self.doctor_view(), instruction, self.sp_doctor,
+                                 {"opening": True, "surname": self.persona.surname,
+                                  "companion": self.companion.address if self.companion else None})
         self._say("doctor", q, "开场", instruction)
         p_instruction, p_context = self.patient.opening()
-        a = await ops.pat_gen(self.call, self.patient_view(), p_instruction, self.sp_patient, p_context)
+        a = await self._generate("patient", self.patient_view(), p_instruction, self.sp_patient, p_context)
         self._say("patient", a, "开场", p_instruction, grounding=["主诉", "现病史"])
         self.patient.heard(a)
         await self._companion_says(self.escort.opening() if self.escort else None, "开场", ["主诉", "现病史"])
@@ -287,8 +371,8 @@ class Dialogue:
         if self.exemplars is not None and (not self.followup or self.cfg.exemplars.followups):
             shown = self.exemplars.pick(self.case.case_id, self.topic.topic, self.topic.ask, last_answer)
         asked = instruction + instruction_block(shown, self.cfg.exemplars.answer_chars)
-        self.question = await ops.doc_gen(
-            self.call, self.doctor_view(), asked, self.sp_doctor,
+        self.question = await self._generate(
+            "doctor", self.doctor_view(), asked, self.sp_doctor,
             {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,
              "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind,
              "reask": self.reask, "empathic": self.persona.empathy, "lay_topic": lay_topic,
@@ -296,6 +380,7 @@ class Dialogue:
              "companion": self.companion.address if self.companion else None,
              "relation": self.companion.called if self.companion else None,
              "openers": wording.used_openers(self.turns), "suicide": wording.is_suicide_topic(self.topic),
+             "asked": [t["text"] for t in self.turns if t["speaker"] == "doctor"],
              "last_answer": last_answer,
              "exemplars": [{"topic": e.topic, "question": e.question} for e in shown]},
         )
@@ -319,7 +404,8 @@ class Dialogue:
         instruction, context = self.patient.turn(self.topic, self.question, followup=self.followup,
                                                  empathy=bool(self.empathy), trigger=trigger, story=self.story,
                                                  triple=self.triple, checking=self.checking)
-        self.answer = answer = await ops.pat_gen(self.call, view, instruction, self.sp_patient, context)
+        self.answer = answer = await self._generate("patient", view, instruction, self.sp_patient, context,
+                                                    topic_risk=guards.is_thought_topic(self.topic.topic))
         self._say("patient", answer, self.topic.topic, instruction, grounding=list(self.topic.case_fields))
         self.patient.heard(answer, self.topic)
         if self.escort is not None:  # the companion may cut in, while the doctor can still follow up
@@ -399,6 +485,8 @@ class Dialogue:
             "required_items": self.agenda.required_items if self.agenda is not None else [],
             "items_asked": self.agenda.items_asked(self.topic_ids) if self.agenda is not None else [],
             "exemplar_index": self.exemplars.source if self.exemplars is not None else None,
+            "guard_events": list(self.guard_events),
+            "regenerations": len({(e["turn"], e["speaker"], e["attempt"]) for e in self.guard_events}),
         }
 
 

@@ -139,8 +139,10 @@ def work_text(case: Case) -> str:
     return case.section("个人史", "工作、学习情况") or case.section("个人史", "工作情况") or "工作学习情况未说明"
 
 
-async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], sampling: Sampling) -> str:
-    """FicExpGen: a fictitious past experience story from a (time, people, event) triple."""
+async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], sampling: Sampling,
+                      note: str = "") -> Completion:
+    """FicExpGen: a fictitious past experience story from a (time, people, event) triple (``note``: a
+    corrective note after a guard failed the last attempt)."""
     time, people, event = triple
     ctx = {"triple": {"time": time, "people": people, "event": event}, "age": case.age, "gender": case.gender,
            "work": work_text(case), "diagnosis": case.diagnosis, "complaint": case.complaint}
@@ -149,11 +151,9 @@ async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], samp
         # in lay words: the story is told to the patient agent as its own past
         Message("user", P.STORY_USER.format(age=case.age, gender=P.gender_word(case.gender),
                                             work=lay().text(work_text(case)), complaint=lay().text(case.complaint),
-                                            time=time, people=people, event=event)),
+                                            time=time, people=people, event=event) + note),
     ]
-    out = await call("tool", "FicExpGen", msgs, sampling, ctx)
-    text = out.text.strip()
-    return text or f"{time}，{triple_phrase(people, event)}，那段时间我心里一直很难受。"
+    return await call("tool", "FicExpGen", msgs, sampling, ctx)
 
 
 # --- symbolic operations ----------------------------------------------------------------
@@ -216,11 +216,31 @@ def short_point(text: str, limit: int = 15) -> str:
 # --- LLM verdicts with rule fallbacks ---------------------------------------------------
 
 
-def with_instruction(history: list[Message], instruction: str) -> list[Message]:
-    """Append an instruction to the last user message (the history itself stays append-only)."""
+PLACEMENTS = ("after", "before", "system")
+
+
+class View(list):
+    """An agent's messages (``Message`` s) and where a per-turn instruction goes in them
+    (``DialogueConfig.layout.instruction``): ``after`` the other side's last words in the same user
+    message, ``before`` them (their words end the message), or as a ``system`` message of its own right
+    before the reply. Either way the prompt extends the agent's previous prompt: the last user message
+    is not part of any earlier prompt of this agent."""
+
+    def __init__(self, messages: Any = (), placement: str = "after"):
+        super().__init__(messages)
+        self.placement = placement
+
+
+def with_instruction(history: list[Message], instruction: str) -> View:
+    """The history with an instruction placed as its ``placement`` says (a plain list: after)."""
+    placement = getattr(history, "placement", "after")
+    if placement == "system":
+        return View(list(history) + [Message("system", instruction)], placement)
     if history and history[-1].role == "user":
-        return history[:-1] + [Message("user", f"{history[-1].content}\n\n{instruction}")]
-    return history + [Message("user", instruction)]
+        last = history[-1].content
+        text = f"{instruction}\n\n{last}" if placement == "before" else f"{last}\n\n{instruction}"
+        return View(list(history[:-1]) + [Message("user", text)], placement)
+    return View(list(history) + [Message("user", instruction)], placement)
 
 
 def _yes_no(text: str, op: str, fallbacks: dict[str, int], rule: Callable[[], bool]) -> bool:
@@ -332,25 +352,28 @@ async def parse_exp(call: Call, doctor_view: list[Message], triple: tuple[str, s
     return experience_topics(points, group)
 
 
-# --- the two speaking agents -------------------------------------------------------------
+# --- the speaking agents ----------------------------------------------------------------
+# Each returns the engine's completion (its text and finish reason): the loop checks the turn with
+# the guards (mdd/dialogue/guards.py) and may ask again with a corrective ``note`` appended to the
+# instruction.
 
 
 async def doc_gen(call: Call, doctor_view: list[Message], instruction: str, sampling: Sampling,
-                  context: dict[str, Any]) -> str:
+                  context: dict[str, Any]) -> Completion:
     """DocGen: the doctor's next question, from the doctor's history and PromptGen's instruction."""
-    out = await call("doctor", "DocGen", with_instruction(doctor_view, instruction), sampling, context)
-    return out.text.strip()
+    return await call("doctor", "DocGen", with_instruction(doctor_view, instruction), sampling, context)
 
 
 async def pat_gen(call: Call, patient_view: list[Message], instruction: str, sampling: Sampling,
-                  context: dict[str, Any]) -> str:
+                  context: dict[str, Any]) -> Completion:
     """PatGen: the patient's answer, from the case, the experience and the patient's history."""
-    out = await call("patient", "PatGen", with_instruction(patient_view, instruction), sampling, context)
-    return out.text.strip()
+    return await call("patient", "PatGen", with_instruction(patient_view, instruction), sampling, context)
 
 
 async def companion_gen(call: Call, companion_view: list[Message], instruction: str, sampling: Sampling,
-                        context: dict[str, Any]) -> str:
+                        context: dict[str, Any]) -> Completion:
     """The companion's turn: an answer to the doctor, or an interjection after the patient."""
-    out = await call("companion", "CompanionGen", with_instruction(companion_view, instruction), sampling, context)
-    return out.text.strip()
+    return await call("companion", "CompanionGen", with_instruction(companion_view, instruction), sampling, context)
+
+
+SPEAK = {"doctor": doc_gen, "patient": pat_gen, "companion": companion_gen}

@@ -25,6 +25,7 @@ from mdd.dialogue.lay import Lay, clip, lay, split_clauses
 from mdd.tree import Topic, mentions
 
 FACTS_LIMIT = 360
+FACTS_SHOWN = 160  # the facts named in a turn's instruction (the system prompt holds the whole story)
 _FACT_SPLIT = re.compile(r"([。；;，,]+)")
 
 
@@ -306,7 +307,7 @@ class PatientRole:
         n = self.budget()
         ctx = {"opening": True, "style": self.style.id, "budget": n, "complaint": self.lay.text(self.case.complaint),
                "facts": clip(self.lay.text(self.case.present_illness), 300)}
-        return P.PAT_OPENING.format(budget=n), ctx
+        return P.PAT_OPENING.format(length=P.length_words(n)), ctx
 
     def turn(self, topic: Topic, question: str, *, followup: bool, empathy: bool, trigger: bool,
              story: str, triple: tuple[str, str, str], checking: str = "") -> tuple[str, dict[str, Any]]:
@@ -325,7 +326,8 @@ class PatientRole:
         admit = not withhold and topic.id in self.withheld
         if withhold:
             self.withheld.add(topic.id)
-        cues = [] if topic.kind in ("experience", "graft") else [P.PAT_FACTS if facts else P.PAT_NO_FACTS]
+        cues = [] if topic.kind in ("experience", "graft") else \
+            [P.PAT_FACTS.format(facts=clip(facts, FACTS_SHOWN).rstrip("。")) if facts else P.PAT_NO_FACTS]
         if withhold:
             cues.append(P.PAT_WITHHOLD)
         elif admit:
@@ -336,7 +338,7 @@ class PatientRole:
             cues.append(P.PAT_YES_NO)
         if trigger:
             cues.append(P.PAT_EXPERIENCE)
-        instruction = P.PAT_TOPIC.format(topic=self.lay.topic(topic), cues="".join(cues), budget=n)
+        instruction = P.PAT_TOPIC.format(topic=self.lay.topic(topic), cues="".join(cues), length=P.length_words(n))
         ctx = {
             "topic": topic.topic, "keywords": list(words), "facts": facts, "affirmed": affirmed,
             "experience": self.lay.text(story), "trigger": trigger, "kind": topic.kind, "followup": followup,

@@ -48,7 +48,7 @@ PATIENT_SYSTEM = """你是一名来精神科门诊看病的人，正在和医生
 说话的要求：
 1. 只说医生问到的事，没有的事如实说没有；前面已经说过的话不要再重复。
 2. 医生问“有没有”“是不是”这类问题时，先直接回答有或没有、是或不是，最多再补一句。
-3. 每次说多少字，照医生提问后面给你的字数来，不要超过。
+3. 每次说多长，照提示里说的来（一句话、一两句话……），不要超过。
 4. 用平常人的说法，不说病名、检查的名称和医生写的那种书面说法。
 5. 只说你要说的话，不加动作描写和旁白。"""
 PAT_COMPANION = "今天是你的{relation}陪你来的，也在诊室里，有时会插话。\n"
@@ -59,7 +59,7 @@ STORY_USER = """请以第一人称写一段患者过去的经历，150到250字�
 经历要素：时间「{time}」，人物「{people}」，事件「{event}」。
 经历要与患者的年龄、性别、工作学习情况和病情相符；写清发生了什么、当时的感受、之后对情绪和生活的影响。只输出经历本身。"""
 
-DOC_OPENING = "【下一步】请先简短问候并自我介绍（你姓{surname}），然后请患者说说这次来看病最主要的困扰。"
+DOC_OPENING = "【下一步】你是{surname}医生，患者刚在你对面坐下。先向患者问好，介绍你自己，再请患者说说这次来看病最主要的困扰。"
 DOC_TOPIC = "【下一步】{transition}请就「{topic}」向患者提问，需要了解：{ask}。{empathy}{explain}"
 # the topic's first instruction, with what to find out, is still in the doctor's history
 DOC_FOLLOWUP = "【下一步】患者对「{topic}」的回答还不够清楚，请就此追问一个具体细节。{empathy}"
@@ -73,12 +73,13 @@ DOC_EXEMPLARS = "\n【参考】其他问诊中就这个话题问得好的例子�
 DOC_EXEMPLAR_ITEM = "{n}. 医生：{question}\n   患者：{answer}"
 DOC_EXPLAIN = "提问时用通俗的话简单解释一下为什么要问这个。"
 
-PAT_OPENING = "【回答要求】医生请你说说这次为什么来看病。用自己的话说说最让你难受的一两件事。这次最多说{budget}个字。"
-# The case is in the system prompt already: the per-turn instruction names what is asked in lay words
-# and the answer's budget, never a field name or a clinical label.
-PAT_TOPIC = "【回答要求】医生在问你{topic}。{cues}这次最多说{budget}个字。"
-PAT_FACTS = "照上面你自己的情况如实说。"
-PAT_NO_FACTS = "上面没提到这方面的事，如实说（一般是没有或不明显）。"
+PAT_OPENING = "【回答要求】医生请你说说这次为什么来看病。用自己的话说说最让你难受的一两件事，{length}。"
+# The case is in the system prompt already; the per-turn instruction names what is asked in lay words, what
+# the case says on it (in the patient's own words: the answer is grounded where it is asked) and how long
+# the answer is, never a field name or a clinical label.
+PAT_TOPIC = "【回答要求】医生在问你{topic}。{cues}{length}。"
+PAT_FACTS = "你在这方面的实际情况：{facts}。照实说，用你自己的话。"
+PAT_NO_FACTS = "你的情况里没有这方面的事，如实说（一般是没有或不明显）。"
 PAT_WITHHOLD = "这件事你一开始不想多说，先含糊带过或者说没有。"
 PAT_ADMIT = "医生又问了一次，这次你愿意说出实情。"
 PAT_OPENED = "医生的理解让你放松了些，可以比刚才多说一点。"
@@ -94,6 +95,15 @@ PARSE_EXP = "【整理】把患者刚才讲到的过去经历整理成2到3个�
 
 def gender_word(g: str) -> str:
     return "女性" if g == "女" else "男性"
+
+
+# An answer's budget (characters) said in words: a model copies a number it is given ("这次最多说14个字")
+# and does not count characters anyway
+LENGTHS = ((12, "只说几个字"), (30, "用一句话说"), (70, "用一两句话说"), (140, "用两三句话说"), (10**9, "可以多说几句"))
+
+
+def length_words(budget: int) -> str:
+    return next(words for top, words in LENGTHS if budget <= top)
 
 # --- the companion in the room ---------------------------------------------------------------
 DOCTOR_COMPANION = "\n今天患者由{relation}陪同，{relation}也在诊室。需要时可以向家属了解情况（称呼对方“{address}”）。"
@@ -112,11 +122,11 @@ COMPANION_SYSTEM = """你是一位{relation}，陪你的{kin}来精神科门诊�
 说话的要求：
 1. 只说你亲眼看到、亲耳听到的事；{pron}心里的想法你不一定知道。
 2. 医生问你时再详细说；插话时只说一两句。
-3. 每次说多少字，照提示里给你的字数来，不要超过。
+3. 每次说多长，照提示里说的来，不要超过。
 4. 用平常人的说法，不说病名、检查的名称和医生写的那种书面说法。
 5. 只说你要说的话，不加动作描写和旁白。"""
 COMPANION_DEVELOPMENT = "{pron}出生和小时候：{text}\n"
-COMPANION_ANSWER = "【回答要求】医生在问你：{topic}。说你在家里看到的{pron}的情况。这次最多说{budget}个字。"
-COMPANION_INTERJECT = "【插话】{pron}刚才的回答{how}你忍不住插一句，简短补充你看到的情况。这次最多说{budget}个字。"
+COMPANION_ANSWER = "【回答要求】医生在问你：{topic}。说你在家里看到的{pron}的情况，{length}。"
+COMPANION_INTERJECT = "【插话】{pron}刚才的回答{how}你忍不住插一句，简短补充你看到的情况，{length}。"
 COMPANION_CORRECT = "说得比你在家看到的轻，"
 COMPANION_ADD = "漏了一些你看到的事，"

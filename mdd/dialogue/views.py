@@ -10,17 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from mdd.dialogue.ops import with_instruction
+from mdd.dialogue.ops import View, with_instruction
 from mdd.engines.base import Message
 
 SPEAKERS = ("doctor", "patient", "companion")
 
 
 def agent_view(system: str, opening: str | None, turns: list[dict[str, Any]], instructions: dict[int, str],
-               speaker: str, labels: dict[str, str] | None = None, window: int = 0) -> list[Message]:
+               speaker: str, labels: dict[str, str] | None = None, window: int = 0,
+               placement: str = "after") -> View:
     """``speaker``'s messages: ``system``, an ``opening`` stage direction, then the history (the last
-    ``window`` turns; 0: all), each of its own turns preceded by the instruction it answered."""
-    msgs = [Message("system", system)] + ([Message("user", opening)] if opening else [])
+    ``window`` turns; 0: all), each of its own turns preceded by the instruction it answered (placed as
+    ``placement`` says: ``ops.View``)."""
+    msgs: list[Message] = View([Message("system", system)] + ([Message("user", opening)] if opening else []),
+                               placement)
     history = [(i, t) for i, t in enumerate(turns) if t["speaker"] in SPEAKERS]
     for i, t in history[-window:] if window else history:
         if t["speaker"] == speaker:
@@ -35,4 +38,4 @@ def agent_view(system: str, opening: str | None, turns: list[dict[str, Any]], in
                 msgs[-1] = Message("user", f"{msgs[-1].content}\n{line}")
             else:
                 msgs.append(Message("user", line))
-    return msgs
+    return View(msgs, placement)

@@ -23,24 +23,27 @@ from mdd.evaluate.speech import opener
 
 _GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。", "你好，我姓{s}，是今天的接诊医生。")
 _OPEN_ASK = ("这次来主要是哪里不舒服？可以慢慢说。", "最近有什么困扰你的地方吗？", "能说说这次来看病的主要原因吗？")
-def _fresh(rng: random.Random, options: list[str], used: set[str], fill: dict[str, str] | None = None) -> str:
-    """A phrase whose opener was not used yet in this dialogue (any, when all were)."""
+def _fresh(rng: random.Random, options: list[str], used: set[str], fill: dict[str, str] | None = None,
+           asked: tuple[str, ...] = ()) -> str:
+    """A phrase whose opener was not used yet in this dialogue, and never one the doctor already said
+    whole (``asked``); any unsaid one when all openers were used."""
     texts = [o.format(**fill) if fill else o for o in options]
-    new = [t for t in texts if opener(t) not in used]
-    return rng.choice(new or texts)
+    unsaid = [t for t in texts if not any(t in q for q in asked)] or texts
+    new = [t for t in unsaid if opener(t) not in used]
+    return rng.choice(new or unsaid)
 
 
 _NOT_ABOUT = re.compile(r"[没不未无]|说过|刚才|说了|这样|这个|那样|还有别的")  # nothing a follow-up could name
 
 
-def _followup(rng: random.Random, ph: dict[str, Any], used: set[str], last: str) -> str:
+def _followup(rng: random.Random, ph: dict[str, Any], used: set[str], last: str, asked: tuple[str, ...] = ()) -> str:
     """What the last answer left open: how long or how often when it named no time, else its impact or a
     detail; the question names what was said when that is short (你说凌晨四点就醒，…)."""
     kind = rng.choice(("impact", "detail") if TIME.search(last) else ("time", "time", "impact", "detail"))
     said = [c for c in clauses(last) if 4 <= len(c) <= 14 and not _NOT_ABOUT.search(c) and not evasive(c)]
     about = ph["followup_about"].format(what=said[0].replace("我", "你")) if said else ""
     options = [about + q for q in ph["followup"][kind]]
-    return _fresh(rng, options, used)
+    return _fresh(rng, options, used, asked=asked)
 
 
 def _chars(request: Request) -> int:
@@ -79,6 +82,7 @@ class ScriptedEngine(EngineBase):
     def _DocGen(self, ctx: dict[str, Any], rng: random.Random) -> str:
         ph = wording()["scripted"]
         used = set(ctx.get("openers") or ())
+        asked = tuple(ctx.get("asked") or ())
         fast = ctx.get("speed") == "fast"
         if ctx.get("opening"):
             extra = ph["opening_companion"].format(address=ctx["companion"]) if ctx.get("companion") else ""
@@ -90,9 +94,9 @@ class ScriptedEngine(EngineBase):
         if ctx.get("after_companion"):
             parts.append(_fresh(rng, ph["after_companion"], used, {"relation": ctx.get("relation") or "家里人"}))
         elif ctx.get("reask"):
-            parts.append(_fresh(rng, ph["reask_gentle" if ctx.get("empathic") else "reask_plain"], used))
+            parts.append(_fresh(rng, ph["reask_gentle" if ctx.get("empathic") else "reask_plain"], used, asked=asked))
         elif ctx.get("followup"):
-            parts.append(_followup(rng, ph, used, ctx.get("last_answer") or ""))
+            parts.append(_followup(rng, ph, used, ctx.get("last_answer") or "", asked))
         elif ctx.get("addressee") == "companion":
             parts.append(_fresh(rng, ph["companion"], used, {"address": ctx.get("companion") or "您", "lay": lay}))
         elif ctx.get("kind") == "experience":

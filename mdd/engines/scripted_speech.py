@@ -39,8 +39,9 @@ def clauses(text: str) -> list[str]:
 
 
 def fit(parts: list[str], budget: int, joiner: str = "，") -> str:
-    """Clauses joined up to ``budget`` characters. When not even the first one fits, the shortest one
-    is said if it is near the budget; else "" (the caller says something short instead)."""
+    """Clauses joined up to ``budget`` characters. When not even the first one fits, the shortest one is
+    said if it is near the budget (a denial only when all are denials: 没有具体计划 never stands for 有不想活
+    的念头); else "" (the caller says something short instead)."""
     parts = list(dict.fromkeys(p for p in parts if p))
     out = ""
     for p in parts:
@@ -48,8 +49,9 @@ def fit(parts: list[str], budget: int, joiner: str = "，") -> str:
         if len(nxt) + 1 > budget:
             break
         out = nxt
-    if not out and parts:  # not even the first fits: the shortest, if near the budget, else nothing
-        p = min(parts, key=len)
+    if not out and parts:  # not even the first fits: the shortest, if near the budget, else nothing; a denial
+        pool = [p for p in parts if not denies(p)] or parts  # only when there is nothing but denials
+        p = min(pool, key=len)
         out = p if len(p) <= max(2 * budget, 8) else ""
     return (out.rstrip(_STRIP) + "。") if out and out[-1] not in "。！？…" else out
 
@@ -111,9 +113,9 @@ def _time_answer(ctx, rng, ph, style, facts, lead, budget) -> str:
     if ctx.get("stance") == "no" or not (facts or ctx.get("told")):
         return _pick(rng, ph.get("never"), "一直都没有过。")
     timed = [c for c in facts if TIME.search(c)]
-    new = [c for c in timed if c not in (ctx.get("said") or "")]
-    if new or timed:
-        return fit_first([lead + (new or timed)[0]] + new[1:2], budget)
+    new = [c for c in timed if c not in (ctx.get("said") or "") and c not in (ctx.get("question") or "")]
+    if new:  # a time already said (or quoted by the doctor) is not said again: the duration instead
+        return fit_first([lead + new[0]] + new[1:2], budget)
     if ctx.get("since"):
         return _pick(rng, _styled(ph, "since", style)).format(since=ctx["since"]).rstrip("。") + "。"
     return _pick(rng, ph.get("since_unknown"), "有一阵子了，最近一直这样") + "。"
@@ -126,10 +128,31 @@ def _agree(ctx, rng, ph, style, new, budget) -> str:
         told = new or clauses(ctx.get("checking", ""))[-1:]
         admit = _pick(rng, ph.get("admit"), "其实是有，")
         return fit_first([admit + (told[0] if told else "")], budget)
-    text = _pick(rng, _styled(ph, "agree", style), "对，是这样。").format(called=called)
+    options = [o.format(called=called) for o in _styled(ph, "agree", style)]
+    text = _fresh(rng, options, ctx.get("said") or "") or "嗯，是有点。"
     if new and style in ("cooperative", "rambling", "somatising") and len(text) + len(new[0]) < budget:
         text = text.rstrip("。") + "，" + new[0] + "。"
     return text
+
+
+_GIST_SPLIT = re.compile(r"([、，,。；;！!？?…]+)")
+
+
+def _gist(clause: str, limit: int = 8) -> str:
+    """What a clause said, referred to by its first words: 后来又出现头部紧箍感、后背… → 后来又出现头部紧箍感那些
+    (never cut inside quotation marks)."""
+    head = (split_clauses(clause, _GIST_SPLIT) or [(clause, "")])[0][0]
+    if head == clause and len(head) <= limit:
+        return head
+    if len(head) > limit + 4 and not re.search(r"[“”\"「」『』]", head):
+        head = head[:limit + 4]
+    return head + "那些"
+
+
+def _affirmed_first(parts: list[str]) -> list[str]:
+    """An answer on an affirmed topic opens with what is there, not with what is not (没有具体计划 after
+    有不想活的念头)."""
+    return [c for c in parts if not denies(c)] + [c for c in parts if denies(c)]
 
 
 def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
@@ -149,7 +172,11 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
         return _pick(rng, ph.get("deny"), "还好吧。")
 
     facts = clauses(ctx.get("facts", ""))  # the role passes what bears on the topic
+    if style == "poor_recall":  # numbers blur (每晚好几毫克): compared with what was said as blurred
+        facts = [re.sub(r"\d+", "好几", c) for c in facts]
     hit = [c for c in facts if c not in said]
+    if ctx.get("affirmed") and hit and all(denies(c) for c in hit):
+        hit = []  # only the record's denials are left unsaid (没有具体计划): what is there is referred to
     told = clauses(ctx.get("told", ""))
     if ctx.get("checking"):
         return _agree(ctx, rng, ph, style, hit, budget)
@@ -170,6 +197,8 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
             story = "，".join(rng.sample(lived[1:], min(3, len(lived) - 1)))
         elif ctx.get("kind") == "experience" or not lived:
             story = f"{t.get('time', '')}，{triple_phrase(t.get('people', ''), t.get('event', ''))}，那之后我心里一直放不下"
+            if story in said:  # told once already: referred to
+                story = f"还是{t.get('time', '')}那件事，到现在也没放下"
     if kind == "impact":
         words = ph.get("function_words") or ()
         daily = [c for c in hit + clauses(ctx.get("story", "")) if any(w in c for w in words) and c not in said]
@@ -179,19 +208,23 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
         if told or ctx.get("stance") == "yes" or (facts and ctx.get("affirmed")):
             # asked again on what was told (on this topic or another): referred to, never denied
             again = _pick(rng, _styled(ph, "again", style), "就是刚才说的，")
-            said_on = [c for c in told if not denies(c)] or facts
-            return fit_first([again + said_on[0]] if said_on else [again.rstrip("，")], budget)
+            said_on = [c for c in told if not denies(c)] or _affirmed_first(facts)
+            # referred to by its first words (刚才说的头部紧箍感那些), not said over again; once referred to, just so
+            gist = _gist(said_on[0]) if said_on else ""
+            if not gist or gist.removesuffix("那些") in said:
+                return "还是刚才说的那样。"
+            return fit_first([again + gist], budget)
         return _denial(ctx, rng, ph, style, budget)
     if not ctx.get("affirmed", True) and not story:
         # what the record says on the topic is a denial ("没有具体计划"): said as such, without a complaint
         return fit_first([lead + hit[0]] + hit[1:2], budget) if hit else \
             _denial(ctx, rng, ph, style, budget)
     if ctx.get("yes_no") and hit and style in ("terse", "irritable", "guarded"):
-        short = min(hit, key=len)
+        short = min(_affirmed_first(hit)[:1] + [c for c in hit if not denies(c)], key=len)
         yes = _pick(rng, ph.get("yes"), "有。").rstrip("。")
         return fit([yes, short], budget + 4) if len(short) <= budget + 2 else yes + "。"
 
-    parts = list(hit[:4]) + ([story] if story else [])
+    parts = _affirmed_first(list(hit[:4])) + ([story] if story else [])
     if ctx.get("admit"):
         lead = "其实……" + lead
     if ctx.get("yes_no"):
@@ -225,9 +258,11 @@ def companion_answer(ctx: dict[str, Any], rng: random.Random) -> str:
     """The companion: what it saw at home, as an answer, an addition or a correction."""
     ph = companion_book().get("scripted") or {}
     pron, budget, said = ctx.get("pron", "她"), int(ctx.get("budget") or 60), ctx.get("said") or ""
-    facts = [c for c in clauses(ctx.get("facts", "")) if c not in said]
+    heard = said + (ctx.get("question") or "")  # not what it said, nor what the doctor just said
+    facts = [c for c in clauses(ctx.get("facts", "")) if c not in heard]
     if not facts:
-        return _pick(rng, ph.get("unknown"), "这个我不太清楚。").format(pron=pron)
+        options = [o.format(pron=pron) for o in ph.get("unknown") or ()]
+        return _fresh(rng, options, said) or "这个我说不好。"
     if ctx.get("interject"):
         lead = _pick(rng, ph.get("correct" if ctx.get("correct") else "add")).format(pron=pron)
         return fit([lead + facts[0]] + facts[1:2], budget) or lead + facts[0] + "。"

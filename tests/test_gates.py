@@ -141,8 +141,10 @@ def test_real_dialogues_keep_a_high_quality_share_and_controls_do_not(shared):
     assert real_hq >= 0.45, real_hq
     pa_real = real.column("patient_ability").to_numpy()
     assert real.column("faithfulness").null_count == real.num_rows  # imported: no record, unknown
+    guarded = [any(g.startswith("answer:") for g in gs) for gs in real.column("turn_guards").to_pylist()]
+    assert 0 < sum(guarded) < 0.01 * len(guarded)  # real answers rarely trip a turn guard
     for recipe, max_hq in (("filler", 0.0), ("diagnosis_leak", 0.0), ("moved_within_dialogue", 0.03),
-                           ("moved_across_dialogues", 0.04)):
+                           ("moved_across_dialogues", 0.04), ("echo", 0.0), ("loop", 0.0), ("role_swap", 0.0)):
         ctrl = _score_all(scorer, make_controls(rows, recipe))
         share = np.mean(ctrl.column("high_quality").to_numpy(zero_copy_only=False))
         assert share <= max_hq, (recipe, share)

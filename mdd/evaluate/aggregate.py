@@ -31,10 +31,16 @@ def _passed(triggered: Any, score: Any) -> bool:
 
 def dialogue_eval(turns: pa.Table, rules: pa.Table) -> pa.Table:
     """Per-dialogue means (over the known values), counts and rule tallies (DIALOGUE_EVAL), sorted by
-    dialogue id; dialogues without exchanges have no row."""
+    dialogue id; dialogues without exchanges have no row. ``overall`` is the exchanges' mean times one
+    minus the share of exchanges that fail a turn guard."""
+    failed = pc.greater(pc.fill_null(pc.list_value_length(turns.column("turn_guards")), 0), 0) \
+        if "turn_guards" in turns.column_names else pa.array([False] * turns.num_rows)
+    turns = turns.append_column("_guard_failed", pc.cast(failed, pa.float64()))
     agg = turns.group_by("dialogue_id").aggregate(
-        [(m, "mean") for m in METRICS] + [("high_quality", "sum"), ("turn", "count"), ("case_id", "min")])
+        [(m, "mean") for m in METRICS] + [("high_quality", "sum"), ("turn", "count"), ("case_id", "min"),
+                                          ("_guard_failed", "mean")])
     ids = agg.column("dialogue_id").to_pylist()
+    share = agg.column("_guard_failed_mean")
     trig: dict[str, int] = {}
     passed: dict[str, int] = {}
     for d, t, s in zip(rules.column("dialogue_id").to_pylist(), rules.column("triggered").to_pylist(),
@@ -49,7 +55,9 @@ def dialogue_eval(turns: pa.Table, rules: pa.Table) -> pa.Table:
         "n_high_quality": agg.column("high_quality_sum"),
         "rules_triggered": [trig.get(d, 0) for d in ids],
         "rules_passed": [passed.get(d, 0) for d in ids],
+        "guard_failed_share": share,
     }
+    data["overall"] = pc.multiply(agg.column("overall_mean"), pc.subtract(1.0, share))
     table = pa.Table.from_pydict(data).cast(DIALOGUE_EVAL)
     return table.take(pc.sort_indices(table, sort_keys=[("dialogue_id", "ascending")]))
 

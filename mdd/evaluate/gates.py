@@ -6,6 +6,9 @@ one an exchange fails (or ``ok``); every word list and limit is in the ``gates``
 ``mdd/knowledge/lexicons.yaml``:
 
 =================  ===========================================================================
+``guard``          the question or the answer fails a turn guard (``mdd/dialogue/guards.py``: echo,
+                   loop, wrong role, prompt leak, repeated question, language, contradiction of the
+                   record): whatever else it scores, a collapsed turn is no example to learn from
 ``filler``         the answer carries no information: after interjections and non-committal
                    phrases are taken out, fewer than ``min_content_chars`` characters are left,
                    and it is not a terse answer in kind (a denial to a yes/no question,
@@ -33,7 +36,7 @@ import numpy as np
 
 from mdd.evaluate.quality import _alternation
 
-GATES = ("filler", "echo", "leak", "record_copy", "off_question", "contradiction", "below_threshold")
+GATES = ("guard", "filler", "echo", "leak", "record_copy", "off_question", "contradiction", "below_threshold")
 OK = "ok"
 _PUNCT = re.compile(r"[\s\W_]+", re.UNICODE)
 _CLAUSE_ENDS = "，,。；;！!？?\n"
@@ -219,8 +222,10 @@ def decide(
     icd_codes: Sequence[str | None],
     records: Sequence[str | None] | None = None,
     lexicon: str | None = None,
+    guards: Sequence[Sequence[str]] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
-    """(high_quality, hq_reason) per exchange. ``records``: the case record's text where known."""
+    """(high_quality, hq_reason) per exchange. ``records``: the case record's text where known;
+    ``guards``: the turn guards each exchange fails (``speaker:guard``; empty: none)."""
     spec = gate_spec(lexicon)
     n = len(answers)
     records = records if records is not None else [None] * n
@@ -233,7 +238,9 @@ def decide(
         key = (diagnoses[i], icd_codes[i])
         if key not in label_cache:
             label_cache[key] = label_terms(diagnoses[i], icd_codes[i], spec)
-        if len(content(a, spec)) < spec.min_content_chars and not terse_ok:
+        if guards is not None and guards[i]:
+            reasons.append("guard")
+        elif len(content(a, spec)) < spec.min_content_chars and not terse_ok:
             reasons.append("filler")
         elif not terse_ok and echoes(q, a, spec):
             reasons.append("echo")

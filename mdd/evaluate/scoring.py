@@ -57,15 +57,25 @@ def exchanges_of(turns: list[dict] | None) -> list[tuple[int, str | None, str, s
             for i, (a, b) in enumerate(_pairs(turns))]
 
 
-def explode(batch: pa.Table) -> tuple[pa.Table, dict[str, list]]:
+def explode(batch: pa.Table, record_facts: Any = None) -> tuple[pa.Table, dict[str, list]]:
     """Dialogues → one row per exchange (EXCHANGE_SCHEMA), plus per-row side lists
-    (``grounding``, ``experience``, ``treatment``) that the scorer needs but does not output."""
+    (``grounding``, ``experience``, ``treatment``, and ``guards``: the turn guards the exchange's
+    question or answer fails, as ``speaker:guard``) that the scorer needs but does not output.
+    ``record_facts(case_id)``: the case's ``RecordFacts`` (None: unknown) for the faithfulness guard."""
+    from mdd.dialogue import guards as G
+
     cols: dict[str, list] = {f.name: [] for f in EXCHANGE_SCHEMA}
-    side: dict[str, list] = {"grounding": [], "experience": [], "treatment": []}
+    side: dict[str, list] = {"grounding": [], "experience": [], "treatment": [], "guards": []}
     get = {name: (batch.column(name).to_pylist() if name in batch.column_names else [None] * batch.num_rows)
            for name in DIALOGUE_COLUMNS}
     for i in range(batch.num_rows):
-        for turn, (ask, answer_turn) in enumerate(_pairs(get["turns"][i])):
+        turns = get["turns"][i] or []
+        facts = record_facts(get["case_id"][i]) if record_facts is not None else None
+        failed = G.check_dialogue(turns, facts, G.is_thought_topic).failures
+        at = {id(t): k for k, t in enumerate(turns)}
+        for turn, (ask, answer_turn) in enumerate(_pairs(turns)):
+            side["guards"].append([f"{sp}:{f.guard}" for sp, t in (("doctor", ask), ("answer", answer_turn))
+                                   for f in failed.get(at[id(t)], ())])
             cols["dialogue_id"].append(get["dialogue_id"][i])
             cols["case_id"].append(get["case_id"][i])
             cols["turn"].append(turn)
@@ -112,6 +122,7 @@ class ExchangeScorer:
         self.lexicon = lexicon
         self.records = dict(records or {})
         self._record_texts: dict[str | None, str | None] = {}
+        self._facts: dict[str | None, Any] = {}
         self.distractors = int(distractors)
         self.lexical = LexicalSpace(*idf) if idf is not None else LexicalSpace()
         if relevance_spaces not in ("lexical", "embedder", "lexical+embedder"):
@@ -124,6 +135,15 @@ class ExchangeScorer:
         gate_spec(lexicon)  # fail early on a broken lexicon
 
     # --- parts ---------------------------------------------------------------------------
+
+    def record_facts(self, case_id: str | None) -> Any:
+        """What the case's record documents for the faithfulness guard (None when unknown)."""
+        from mdd.dialogue.guards import RecordFacts
+
+        if case_id not in self._facts:
+            fields = self.records.get(case_id) if case_id is not None else None
+            self._facts[case_id] = RecordFacts.of(dict(fields)) if fields else None
+        return self._facts[case_id]
 
     def record_text(self, case_id: str | None) -> str | None:
         """The whole record of a case as one text (None when unknown), joined once per case."""
@@ -173,12 +193,12 @@ class ExchangeScorer:
         from mdd.evaluate.gates import answered_in_kind, decide, gate_spec
         from mdd.evaluate.quality import relevance_score
 
-        table, side = explode(dialogues)
+        table, side = explode(dialogues, self.record_facts)
         n = table.num_rows
         q = table.column("question").to_pylist()
         a = table.column("answer").to_pylist()
         if n == 0:
-            return _with_metrics(table, {m: np.zeros(0) for m in METRICS}, np.zeros(0, bool), [])
+            return _with_metrics(table, {m: np.zeros(0) for m in METRICS}, np.zeros(0, bool), [], [])
         ids = table.column("dialogue_id").to_pylist()
         case_ids = table.column("case_id").to_pylist()
         diagnoses = table.column("diagnosis").to_pylist()
@@ -188,19 +208,33 @@ class ExchangeScorer:
         in_kind = np.array([answered_in_kind(qq, aa, spec) for qq, aa in zip(q, a)], dtype=bool)
         alpha = relevance_score(sig.z, sig.fit, in_kind, a, self.lexicon)
         faith = self._faithfulness(q, a, case_ids, side, diagnoses)
+        # a turn guard's failure (mdd/dialogue/guards.py) is what it is whatever the similarity says: an answer
+        # that echoes, loops, leaks, speaks in the wrong role or contradicts the record is neither relevant nor
+        # (where a record can tell) faithful; a question that does is worth nothing as a question
+        answer_failed = np.array([any(g.startswith("answer:") for g in gs) for gs in side["guards"]], dtype=bool)
+        question_failed = np.array([any(g.startswith("doctor:") for g in gs) for gs in side["guards"]], dtype=bool)
+        alpha = np.where(answer_failed, 0.0, alpha)
+        faith = np.where(answer_failed & np.isfinite(faith), 0.0, faith)  # unknown (no record) stays unknown
         m = self.quality.score(q, a, diagnoses, icd_codes, relevance=alpha, faithfulness=faith, rank=sig.rank)
+        if question_failed.any():
+            for k in ("specificity", "targetedness", "professionalism", "doctor_quality"):
+                m[k] = np.where(question_failed, 0.0, m[k])
+            m["overall"] = np.clip((m["doctor_quality"] + m["patient_ability"]) / 2.0, 0.0, 1.0)
         records = [self.record_text(c) for c in case_ids]
         hq, reasons = decide(q, a, m["overall"], self.threshold, sig.z, sig.fit, faith, diagnoses, icd_codes,
-                             records=records, lexicon=self.lexicon)
-        return _with_metrics(table, m, hq, reasons)
+                             records=records, lexicon=self.lexicon, guards=side["guards"])
+        return _with_metrics(table, m, hq, reasons, side["guards"])
 
 
-def _with_metrics(table: pa.Table, m: dict[str, np.ndarray], hq: np.ndarray, reasons: list[str]) -> pa.Table:
+def _with_metrics(table: pa.Table, m: dict[str, np.ndarray], hq: np.ndarray, reasons: list[str],
+                  guards: list[list[str]] | None = None) -> pa.Table:
     for name in METRICS:
         v = np.asarray(m[name], dtype=np.float64)
         table = table.append_column(name, pa.array(v, pa.float64(), from_pandas=True))  # NaN → null
     table = table.append_column("high_quality", pa.array(np.asarray(hq, dtype=bool), pa.bool_()))
-    return table.append_column("hq_reason", pa.array(reasons, pa.string()))
+    table = table.append_column("hq_reason", pa.array(reasons, pa.string()))
+    return table.append_column("turn_guards", pa.array(guards if guards is not None else [[]] * table.num_rows,
+                                                       pa.list_(pa.string())))
 
 
 # --- what the stage's driver prepares for the scorers --------------------------------------

@@ -10,6 +10,11 @@ is copied into control dialogues whose patient answers are replaced, one recipe 
 ``filler``                     every answer a filler (``validity.fillers`` in lexicons.yaml)
 ``diagnosis_leak``             the real answer with a sentence leaking the case's own diagnosis
                                or ICD code inserted (``validity.leak_templates``)
+``echo``                       the question said back, then the start of the real answer (a
+                               trained model's echo)
+``loop``                       the real answer's first clause (of 4+ characters) said five times over
+``role_swap``                  the patient speaks as the doctor or as an assistant and asks
+                               another question of the dialogue (``validity.role_swap_templates``)
 =============================  ===============================================================
 
 The real sample and each control set are scored by the same pipeline
@@ -25,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import re
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -35,7 +41,7 @@ from mdd.schema import METRICS, VALIDITY
 
 log = logging.getLogger("mdd.evaluate")
 
-RECIPES = ("moved_within_dialogue", "moved_across_dialogues", "filler", "diagnosis_leak")
+RECIPES = ("moved_within_dialogue", "moved_across_dialogues", "filler", "diagnosis_leak", "echo", "loop", "role_swap")
 
 
 def auc(real: Sequence[float], control: Sequence[float]) -> float | None:
@@ -55,14 +61,15 @@ def auc(real: Sequence[float], control: Sequence[float]) -> float | None:
 
 
 @lru_cache(maxsize=4)
-def _validity_lexicon(path: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _validity_lexicon(path: str | None) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     from mdd.evaluate.quality import load_lexicon
 
     v = load_lexicon(path).get("validity") or {}
     fillers, templates = tuple(v.get("fillers") or ()), tuple(v.get("leak_templates") or ())
-    if not fillers or not templates:
-        raise ValueError(f"{path or 'lexicons.yaml'}: validity needs fillers and leak_templates")
-    return fillers, templates
+    swaps = tuple(v.get("role_swap_templates") or ())
+    if not fillers or not templates or not swaps:
+        raise ValueError(f"{path or 'lexicons.yaml'}: validity needs fillers, leak_templates and role_swap_templates")
+    return fillers, templates, swaps
 
 
 def sample_ids(dialogue_ids: Sequence[str], n: int) -> list[str]:
@@ -82,7 +89,7 @@ def _patient_slots(turns: list[dict]) -> list[int]:
 def make_controls(dialogues: list[dict], recipe: str, seed: int = 0, lexicon: str | None = None) -> list[dict]:
     """Copies of ``dialogues`` (rows of the dialogue table) with every scored answer replaced."""
     rng = random.Random(f"{seed}:{recipe}")
-    fillers, templates = _validity_lexicon(lexicon)
+    fillers, templates, swaps = _validity_lexicon(lexicon)
     pool = [(d.get("case_id"), d["turns"][i]["text"]) for d in dialogues for i in _patient_slots(d.get("turns") or [])]
     several_cases = len({c for c, _ in pool}) > 1
     out = []
@@ -111,6 +118,17 @@ def make_controls(dialogues: list[dict], recipe: str, seed: int = 0, lexicon: st
             for t in texts:
                 leak = rng.choice(templates).format(diagnosis=diag or icd, icd=icd or diag)
                 new.append(leak + t if rng.random() < 0.5 else t + leak)
+        elif recipe == "echo":
+            new = [turns[i - 1]["text"] + t[:20] for i, t in zip(slots, texts)]
+        elif recipe == "loop":
+            new = [(next((c for c in re.split(r"[，。,！？!?]", t) if len(c) >= 4), t[:8])[:30] + "，") * 5
+                   for t in texts]
+        elif recipe == "role_swap":
+            questions = [turns[i - 1]["text"] for i in slots]
+            if len(questions) < 2:
+                continue
+            k = rng.randrange(1, len(questions))
+            new = [rng.choice(swaps).format(question=q) for q in questions[k:] + questions[:k]]
         else:
             raise ValueError(f"validity: unknown control recipe {recipe!r}")
         for i, text in zip(slots, new):

@@ -228,7 +228,8 @@ class LayoutConfig(_Frozen):
 
 class DialogueConfig(_Frozen):
     max_exchanges_per_topic: int = Field(3, ge=1, description="hard cap, whatever IsTopicEnd says")
-    max_exchanges: int = Field(60, ge=10, description="IsDialEnd's hard cap for a whole dialogue")
+    max_exchanges: int = Field(60, ge=2, description="IsDialEnd's hard cap for a whole dialogue (a short cap makes "
+                               "smoke-test dialogues: the interview ends there, required items or not)")
     history_window: int = Field(0, ge=0, description="0 keeps the whole history (prefix-cache friendly)")
     max_context_tokens: int = Field(0, ge=0, description="end the dialogue once a prompt plus its answer "
                                     "would pass this many tokens (keep below the model's context); 0: no limit")

@@ -1,12 +1,13 @@
 """The dialogue state machine end to end on the scripted engine (and on a misbehaving one)."""
 import asyncio
+import re
 import json
 from pathlib import Path
 
 import pytest
 
 from mdd.cases import load_cases
-from mdd.config import DialogueConfig
+from mdd.config import DialogueConfig, LayoutConfig
 from mdd.dialogue import ops
 from mdd.dialogue.loop import run_dialogue
 from mdd.engines.base import Completion, EngineBase, Message, Request
@@ -108,18 +109,29 @@ def test_fast_personas_make_shorter_dialogues(samples):
     assert lengths["fast"] < lengths["slow"]
 
 
-def test_prompts_are_append_only_per_agent(pa20):
+@pytest.mark.parametrize("instruction", ["after", "before", "system"])
+@pytest.mark.parametrize("labels", ["companion", "always"])
+def test_prompts_are_append_only_per_agent(pa20, instruction, labels):
     eng = Recording(ScriptedEngine())
-    row, _ = dialogue(pa20, 1, engine=eng)
+    row, _ = dialogue(pa20, 1, engine=eng, cfg=DialogueConfig(layout=LayoutConfig(instruction=instruction, labels=labels)))
     for op, speaker in (("DocGen", "doctor"), ("PatGen", "patient")):
-        calls = [r.messages for r in eng.requests if r.op == op]
+        calls = [r.messages for r in eng.requests if r.op == op and not r.context.get("attempt")]  # first attempts
         said = [t["text"] for t in row["turns"] if t["speaker"] == speaker]
         assert len(calls) > 5
         for i, (prev, nxt) in enumerate(zip(calls, calls[1:])):
             # the previous prompt, instruction included, then that call's own answer: a pure
-            # extension, so the engine's prefix cache covers all of it
+            # extension, so the engine's prefix cache covers all of it, whatever the layout
             assert nxt[: len(prev) + 1] == (*prev, Message("assistant", said[i]))
-            assert nxt[-1].role == "user" and "\n\n【" in nxt[-1].content
+            last = nxt[-1]
+            if instruction == "system":  # its own message right before the reply
+                assert last.role == "system" and last.content.startswith("【") and nxt[-2].role == "user"
+            elif instruction == "before":  # the other side's words end the message
+                assert last.role == "user" and last.content.startswith("【") and "\n\n" in last.content
+            else:
+                assert last.role == "user" and "\n\n【" in last.content
+        others = [m.content for m in calls[-1][1:] if m.role == "user" and "患者走进诊室" not in m.content]
+        labelled = [bool(re.search(r"(^|\n)(医生|患者)：", m)) for m in others]
+        assert (all(labelled) if labels == "always" else not any(labelled))  # pa20 came alone
     doctor_system = next(r.messages[0] for r in eng.requests if r.op == "DocGen")
     for r in eng.requests:
         if r.op in ("IsTopicEnd", "DupDetect", "ParseExp"):

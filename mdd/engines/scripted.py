@@ -39,10 +39,15 @@ _NOT_ABOUT = re.compile(r"[没不未无]|说过|刚才|说了|这样|这个|那�
 def _followup(rng: random.Random, ph: dict[str, Any], used: set[str], last: str, asked: tuple[str, ...] = ()) -> str:
     """What the last answer left open: how long or how often when it named no time, else its impact or a
     detail; the question names what was said when that is short (你说凌晨四点就醒，…)."""
-    kind = rng.choice(("impact", "detail") if TIME.search(last) else ("time", "time", "impact", "detail"))
+    kinds = ["impact", "detail"] if TIME.search(last) else ["time", "time", "impact", "detail"]
     said = [c for c in clauses(last) if 4 <= len(c) <= 14 and not _NOT_ABOUT.search(c) and not evasive(c)]
     about = ph["followup_about"].format(what=said[0].replace("我", "你")) if said else ""
-    options = [about + q for q in ph["followup"][kind]]
+    rng.shuffle(kinds)
+    # the first kind with a question not asked yet (the bare question too: 这样有多长时间了？ asked before)
+    for kind in kinds:
+        options = [about + q for q in ph["followup"][kind]]
+        if any(not any(o in a or q in a for a in asked) for o, q in zip(options, ph["followup"][kind])):
+            break
     return _fresh(rng, options, used, asked=asked)
 
 

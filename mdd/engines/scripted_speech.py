@@ -92,7 +92,7 @@ def negated(what: str) -> str:
 def _denial(ctx: dict[str, Any], rng: random.Random, ph: dict[str, Any], style: str, budget: int) -> str:
     """No, naming what is denied when the budget leaves room; never followed by a complaint."""
     opener = _pick(rng, _styled(ph, "no", style), "没有").rstrip("。")
-    if style == "terse":
+    if style == "terse" or ctx.get("attempt"):  # asked again by a guard (it restated the question): just no
         return opener + ("" if opener.endswith(("。", "！", "…")) else "。")
     what = negated(ctx.get("what", ""))
     if not what and ctx.get("what") and not _WH.search(ctx["what"]):
@@ -116,9 +116,11 @@ def _time_answer(ctx, rng, ph, style, facts, lead, budget) -> str:
     new = [c for c in timed if c not in (ctx.get("said") or "") and c not in (ctx.get("question") or "")]
     if new:  # a time already said (or quoted by the doctor) is not said again: the duration instead
         return fit_first([lead + new[0]] + new[1:2], budget)
-    if ctx.get("since"):
-        return _pick(rng, _styled(ph, "since", style)).format(since=ctx["since"]).rstrip("。") + "。"
-    return _pick(rng, ph.get("since_unknown"), "有一阵子了，最近一直这样") + "。"
+    said = ctx.get("said") or ""
+    options = ([o.format(since=ctx["since"]).rstrip("。") for o in _styled(ph, "since", style)] if ctx.get("since")
+               else list(ph.get("since_unknown") or ()))
+    text = _fresh(rng, options, said) or _fresh(rng, ph.get("time_again"), said) or _pick(rng, ph.get("time_again"))
+    return (text or "有一阵子了").rstrip("。…") + ("……" if style == "tearful" else "。")
 
 
 def _agree(ctx, rng, ph, style, new, budget) -> str:
@@ -156,6 +158,25 @@ def _affirmed_first(parts: list[str]) -> list[str]:
 
 
 def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
+    """The patient's answer; asked again by a guard for one it had said before, the answer points back
+    to it instead of saying it over."""
+    text = _answer(ctx, rng)
+    said = ctx.get("said") or ""
+    if ctx.get("attempt") and _mostly_said(text, said):
+        ph = style_book().scripted
+        text = _fresh(rng, ph.get("time_again"), said) or "还是刚才说的那样，没什么变化"
+        text = text.rstrip("。") + "。"
+    return text
+
+
+def _mostly_said(text: str, said: str, n: int = 4) -> bool:
+    """Most of the text's character n-grams (punctuation and fillers aside) were said before."""
+    bare, before = (re.sub(r"[^\u4e00-\u9fff0-9A-Za-z]|嗯", "", t) for t in (text, said))
+    grams = [bare[i:i + n] for i in range(len(bare) - n + 1)] or [bare]
+    return bool(bare) and sum(g in before for g in grams) >= 0.6 * len(grams)
+
+
+def _answer(ctx: dict[str, Any], rng: random.Random) -> str:
     ph = style_book().scripted
     style = ctx.get("style") or "cooperative"
     budget = int(ctx.get("budget") or 80)

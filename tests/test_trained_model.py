@@ -1,0 +1,70 @@
+"""One short dialogue end to end on the trained model (configs/local-real.yaml: Qwen2.5-Coder-1.5B-Instruct
+on vLLM's CPU build), so that a prompt or guard change that breaks a trained model fails the suite.
+
+The model is fetched once per machine into the model cache (`mdd models fetch`, ~2 minutes the first
+time; afterwards found in ~/.cache/mdd/models). One dialogue runs at a time, so vLLM's seeded sampler
+makes the run repeatable on a machine. The case is the sample case whose record documents thoughts of
+dying (S10, postpartum depression: "不如和孩子一起消失"), the one a trained model was seen to deny."""
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from mdd import models
+
+REPO = Path(__file__).resolve().parents[1]
+CASE = "S10"
+EXCHANGES = 8
+
+pytestmark = pytest.mark.trained
+
+
+@pytest.fixture(scope="module")
+def real_run(ray_session, tmp_path_factory):
+    from jobs.run import main as run_main
+
+    models.fetch("qwen2.5-coder-1.5b", log=print)  # idempotent: cached per machine
+    tmp = tmp_path_factory.mktemp("real")
+    cases = json.loads((REPO / "data" / "cases" / "sample_cases.json").read_text(encoding="utf-8"))
+    (tmp / "cases.json").write_text(json.dumps([c for c in cases if c["患者"] == CASE], ensure_ascii=False),
+                                    encoding="utf-8")
+    cfg = yaml.safe_load((REPO / "configs" / "local-real.yaml").read_text(encoding="utf-8"))
+    cfg["synth"]["dialogue"]["max_exchanges"] = EXCHANGES  # a short interview: the closing comes at the cap
+    cfg["synth"]["in_flight"] = 1
+    (tmp / "real.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    out = tmp / "out"
+    rc = run_main(["--config", str(tmp / "real.yaml"), "--cases", str(tmp / "cases.json"), "--out", str(out),
+                   "--variants", "1", "--no-progress"])
+    return rc, out
+
+
+def test_a_trained_model_writes_a_clean_dialogue(real_run):
+    from mdd.dialogue import guards as G
+    from mdd.evaluate.faithfulness import case_fields
+    from mdd.cases import load_cases
+
+    rc, out = real_run
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    g = run["synthesize"]["guards"]
+    failed = pq.read_table(out / "failures.parquet").to_pylist() if (out / "failures.parquet").exists() else []
+    assert rc == 0 and not failed, [(f["guards"], f["error"][:200], f["guard_events"]) for f in failed]
+    rows = pq.read_table(out / "synth").to_pylist()
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["engine"] == "vllm" and row["model"] == "qwen2.5-coder-1.5b"
+    assert row["n_exchanges"] == EXCHANGES
+    # every turn the guards let through holds up when the whole dialogue is checked again
+    case = load_cases(REPO / "data" / "cases")[0]
+    facts = G.RecordFacts.of(case_fields(next(c for c in case if c.case_id == CASE)))
+    assert not G.check_dialogue(row["turns"], facts, G.is_thought_topic).failures
+    assert row["diagnosis"] == "抑郁状态" and "抑郁" in row["turns"][-1]["text"]  # the closing names it
+    # the accounting says what happened
+    assert g["dialogues"] == 1 and g["turns_generated"]["doctor"] == EXCHANGES and g["dialogues_failed"] == 0
+    assert row["regenerations"] == len({(e["turn"], e["speaker"], e["attempt"]) for e in row["guard_events"]})
+    by = run["synthesize"]["usage_by_model_and_role"]["qwen2.5-coder-1.5b"]
+    assert by["doctor"]["calls"] >= EXCHANGES and by["patient"]["output_tokens"] > 0
+    # and the evaluation ran over it
+    turns = pq.read_table(out / "eval" / "turns")
+    assert turns.num_rows == EXCHANGES and "turn_guards" in turns.column_names

@@ -119,6 +119,8 @@ class SamplingConfig(_Frozen):
     doctor_max_tokens: int = Field(160, ge=8)
     patient_max_tokens: int = Field(200, ge=8)
     story_max_tokens: int = Field(400, ge=8)
+    story_frequency_penalty: float = Field(0.5, description="the fictitious experience's own frequency penalty: a "
+                                           "long first-person text is where a small model loops (我开始…我开始…)")
     verdict_max_tokens: int = Field(8, ge=1)
     json_max_tokens: int = Field(96, ge=8)
     doctor_min_tokens: int = Field(0, ge=0, description="doctor answers run to at least this many tokens (the end "
@@ -201,6 +203,12 @@ class GuardConfig(_Frozen):
                                    "fails")
     story: bool = Field(True, description="guard the fictitious experience too (loop, leak, language, truncation, "
                         "role)")
+    skip_asked_topic: bool = Field(True, description="a doctor turn that fails only as a repeat of its own earlier "
+                                   "question ends its topic (counted in the row's topics_skipped), not the dialogue")
+    trim: bool = Field(True, description="a turn stopped at the token limit is cut back to its last whole sentence "
+                       "when at least 8 characters are left (the row's trimmed_turns counts them)")
+    temperature_step: float = Field(0.15, ge=0, description="each regeneration samples this much hotter ...")
+    max_temperature: float = Field(1.1, ge=0, description="... up to this temperature")
 
     @field_validator("enabled")
     @classmethod

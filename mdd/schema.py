@@ -108,6 +108,8 @@ DIALOGUE = pa.schema(
         # written before the guards)
         pa.field("guard_events", pa.list_(GUARD_EVENT)),
         pa.field("regenerations", pa.int32()),
+        pa.field("trimmed_turns", pa.int32()),
+        pa.field("topics_skipped", pa.int32()),
     ]
 )
 

@@ -114,6 +114,10 @@ def test_fast_personas_make_shorter_dialogues(samples):
 def test_prompts_are_append_only_per_agent(pa20, instruction, labels):
     eng = Recording(ScriptedEngine())
     row, _ = dialogue(pa20, 1, engine=eng, cfg=DialogueConfig(layout=LayoutConfig(instruction=instruction, labels=labels)))
+    turns = {t["text"] for t in row["turns"]} | {"（患者走进诊室坐下）"}
+
+    def spoken(text: str) -> bool:  # a turn of the dialogue (its speaker's label aside), not an instruction
+        return re.sub(r"^(医生|患者)：", "", text) in turns
     for op, speaker in (("DocGen", "doctor"), ("PatGen", "patient")):
         calls = [r.messages for r in eng.requests if r.op == op and not r.context.get("attempt")]  # first attempts
         said = [t["text"] for t in row["turns"] if t["speaker"] == speaker]
@@ -124,11 +128,14 @@ def test_prompts_are_append_only_per_agent(pa20, instruction, labels):
             assert nxt[: len(prev) + 1] == (*prev, Message("assistant", said[i]))
             last = nxt[-1]
             if instruction == "system":  # its own message right before the reply
-                assert last.role == "system" and last.content.startswith("【") and nxt[-2].role == "user"
+                assert last.role == "system" and nxt[-2].role == "user" and spoken(nxt[-2].content)
+                assert not spoken(last.content)
             elif instruction == "before":  # the other side's words end the message
-                assert last.role == "user" and last.content.startswith("【") and "\n\n" in last.content
+                head, _, tail = last.content.rpartition("\n\n")
+                assert last.role == "user" and spoken(tail) and head and not spoken(head)
             else:
-                assert last.role == "user" and "\n\n【" in last.content
+                head, _, tail = last.content.partition("\n\n")
+                assert last.role == "user" and spoken(head) and tail and not spoken(tail)
         others = [m.content for m in calls[-1][1:] if m.role == "user" and "患者走进诊室" not in m.content]
         labelled = [bool(re.search(r"(^|\n)(医生|患者)：", m)) for m in others]
         assert (all(labelled) if labels == "always" else not any(labelled))  # pa20 came alone

@@ -334,8 +334,12 @@ def test_named_openai_engines_each_role_reaches_its_endpoint(ray_session, two_se
     summary = run_synthesis(load_config(tmp_path / "cfg.yaml"), progress=False)
     assert summary["counts"]["dialogues_run"] == 6
 
-    def instruction(body: dict) -> str:  # the call's instruction tag: 【下一步】, 【回答要求】, 【判断】 ...
-        return body["messages"][-1]["content"].rpartition("【")[2].partition("】")[0]
+    def instruction(body: dict) -> str:  # whose call: a tool verdict (【判断】, 【整理】) or a speaker's turn
+        tag = body["messages"][-1]["content"].rpartition("【")[2].partition("】")[0]
+        if tag in ("判断", "整理"):
+            return tag
+        system = body["messages"][0]["content"]
+        return "医生" if system.startswith("你是一名精神科医生") else "患者" if "看病的人" in system else "其他"
 
     by_role = summary["llm_calls"]["by_role"]
     assert len(hosted.bodies) == by_role["doctor"] > 0
@@ -343,9 +347,9 @@ def test_named_openai_engines_each_role_reaches_its_endpoint(ray_session, two_se
     assert len(local.bodies) == local_calls > 0
     assert {b["model"] for b in hosted.bodies} == {"hosted-doctor"}
     assert {b["model"] for b in local.bodies} == {"local-small"}
-    assert {instruction(b) for b in hosted.bodies} == {"下一步"}  # the doctor's next question, nothing else
-    assert "下一步" not in {instruction(b) for b in local.bodies}
-    assert {"回答要求", "判断"} <= {instruction(b) for b in local.bodies}  # patient answers and tool verdicts
+    assert {instruction(b) for b in hosted.bodies} == {"医生"}  # the doctor's next question, nothing else
+    assert "医生" not in {instruction(b) for b in local.bodies}
+    assert {"患者", "判断"} <= {instruction(b) for b in local.bodies}  # patient answers and tool verdicts
     assert summary["llm_calls"]["by_model"] == {"hosted-doctor": by_role["doctor"],
                                                 "local-small": local_calls}
     models = pl.read_parquet(tmp_path / "out" / "synth")["models"].to_list()

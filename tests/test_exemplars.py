@@ -146,7 +146,7 @@ def test_doctor_prompts_extend_each_other_with_exemplars_in_the_history(index_di
     triple = ops.sample_triples(case, 1, 1)[0]
     row, _ = asyncio.run(run_dialogue(case, 0, 1, engine, cfg, persona, triple, ExemplarRetriever(cfg.exemplars)))
     doc = [(r, text) for r, text in engine.requests if r.op == "DocGen"]
-    with_ex = [k for k, (r, _) in enumerate(doc) if "【参考】" in r.messages[-1].content]
+    with_ex = [k for k, (r, _) in enumerate(doc) if "参考：其他问诊中" in r.messages[-1].content]
     assert with_ex and sum(1 for t in row["turns"] if t.get("exemplars")) == len(with_ex)
     breaks = [k for k in range(1, len(doc)) if not _flat(doc[k][0].messages).startswith(
         _flat(doc[k - 1][0].messages) + f"<assistant>{doc[k - 1][1]}")]

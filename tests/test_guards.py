@@ -258,3 +258,52 @@ def test_unknown_guard_is_a_config_error(tmp_path):
     bad.write_text("synth:\n  dialogue:\n    guards:\n      enabled: [echo, nonsense]\n", encoding="utf-8")
     with pytest.raises(ValueError, match="nonsense"):
         load_config(bad)
+
+
+def test_a_turn_cut_at_the_token_limit_keeps_its_whole_sentences():
+    cut = "我最近睡不好，每天凌晨就醒。白天没精神，上班老是走神，领导说了我好几"
+    assert G.trim_to_sentence(cut, "length") == "我最近睡不好，每天凌晨就醒。"
+    assert G.trim_to_sentence(cut, "stop") is None  # finished on its own: left alone
+    assert G.trim_to_sentence("嗯。我最近睡不好，每天凌晨就醒，白天", "length") is None  # too little left
+    assert G.trim_to_sentence("我最近睡不好，每天凌晨就醒。", "length") is None  # nothing to cut
+
+
+class Cut(ScriptedEngine):
+    """Every patient answer runs on past the token limit; every call's temperature is kept."""
+
+    def __init__(self, keep_failing: bool = False):
+        super().__init__()
+        self.keep_failing, self.temperatures = keep_failing, []
+
+    async def generate(self, request: Request) -> Completion:
+        c = await super().generate(request)
+        if request.op != "PatGen":
+            return c
+        self.temperatures.append((request.context.get("attempt", 0), request.sampling.temperature))
+        tail = "然后就" if self.keep_failing else "还有就是我那个时候一直在想，"
+        text = ("还有" if self.keep_failing else c.text.rstrip("。") + "。") + tail
+        return Completion(text=text, prompt_tokens=c.prompt_tokens, output_tokens=40, finish_reason="length")
+
+
+def test_cut_turns_are_trimmed_and_counted(samples):
+    row, _ = _run(samples["S08"], Cut())
+    patient = [t["text"] for t in row["turns"] if t["speaker"] == "patient"]
+    assert row["trimmed_turns"] == len(patient)
+    # only an answer too short to keep on its own (没有。 + the cut tail) was asked again
+    assert all(e["guard"] == "truncation" and len(e["text"].split("。")[0]) < 8 for e in row["guard_events"])
+    assert all(not t.endswith("，") and "我那个时候一直在想" not in t for t in patient)
+    # with trimming off, the same turns fail the truncation guard
+    with pytest.raises(GuardFailure) as err:
+        _run(samples["S08"], Cut(), DialogueConfig(guards=GuardConfig(trim=False)))
+    assert "truncation" in err.value.guards
+
+
+def test_a_regeneration_samples_hotter(samples):
+    eng = Cut(keep_failing=True)
+    cfg = DialogueConfig(guards=GuardConfig(max_regenerations=3, temperature_step=0.15, max_temperature=1.2))
+    with pytest.raises(GuardFailure):
+        _run(samples["S08"], eng, cfg)
+    base = cfg.sampling.temperature
+    temps = dict(eng.temperatures)
+    assert temps[0] == base and temps[1] == pytest.approx(base + 0.15)
+    assert temps[2] == pytest.approx(base + 0.3) and temps[3] == pytest.approx(min(1.2, base + 0.45)) == 1.2

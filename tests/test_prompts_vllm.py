@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mdd.cases import load_cases
-from mdd.config import CompanionConfig, DialogueConfig
+from mdd.config import CompanionConfig, DialogueConfig, GuardConfig
 from mdd.dialogue import ops
 from mdd.dialogue.loop import run_dialogue
 from mdd.evaluate.speech import leak_pattern
@@ -32,7 +32,8 @@ def recorded(vllm_engine):
     rec = Recording(vllm_engine)
     # short dialogues; the parent speaks up right after the opening (its prompt is then certain to be
     # recorded even when the short agenda never reaches the collateral topics)
-    cfg = DialogueConfig(max_exchanges=12, companion=CompanionConfig(p_interject=1.0))
+    # random weights: every guard would reject the noise (configs/local-vllm.yaml runs them unguarded too)
+    cfg = DialogueConfig(max_exchanges=12, companion=CompanionConfig(p_interject=1.0), guards=GuardConfig(enabled=()))
 
     async def both():
         runs = []
@@ -46,13 +47,11 @@ def recorded(vllm_engine):
 
 
 def _authored(messages):
-    """The parts of a prompt the project wrote: the system prompt and every turn's instruction."""
-    out = [messages[0].content]
-    for m in messages[1:]:
-        head, sep, tail = m.content.rpartition("\n\n【")
-        if sep:
-            out.append("【" + tail)
-    return out
+    """The parts of a prompt the project wrote: the system prompt and the call's instruction (after the
+    other side's words and a blank line; an instruction holds no blank line). Every earlier turn's
+    instruction was the instruction of an earlier recorded call."""
+    head, sep, tail = messages[-1].content.rpartition("\n\n")
+    return [messages[0].content] + ([tail] if sep else [])
 
 
 def test_the_patient_is_shown_no_record_fields_or_exam_terms(recorded, tiny_model_dir):

@@ -244,7 +244,7 @@ def echo(t: Turn) -> Failure | None:
         return Failure("echo", f"{containment(text, prev, n):.0%} of it copies the other side's last turn")
     for earlier in t.own if len(text) >= int(e["own_min_chars"]) else ():
         if containment(text, earlier, n) >= float(e["own_share"]):
-            return Failure("echo", f"repeats an earlier turn of its own ({_bare(earlier)[:12]!r}…)")
+            return Failure("echo", f"repeats an earlier turn of its own ({_bare(earlier)[:12]!r}…)", "own")
     return None
 
 
@@ -285,6 +285,19 @@ def truncation(t: Turn) -> Failure | None:
     if text and text[-1] in end:
         return None
     return Failure("truncation", f"cut at the token limit mid-sentence (…{text[-8:]!r})")
+
+
+def trim_to_sentence(text: str, finish_reason: str | None, min_chars: int = 8) -> str | None:
+    """A turn stopped at the token limit, cut back to its last whole sentence (what a reader would keep);
+    ``None`` when it was not cut, or when less than ``min_chars`` would be left (the truncation guard
+    then judges it)."""
+    if finish_reason != "length":
+        return None
+    end = _book()["truncation"]["sentence_end"]
+    text = (text or "").rstrip()
+    cut = max((i for i, ch in enumerate(text) if ch in end), default=-1)
+    kept = text[:cut + 1] if cut >= 0 else ""
+    return kept if len(_bare(kept)) >= min_chars and kept != text else None
 
 
 def repeat(t: Turn) -> Failure | None:

@@ -50,6 +50,10 @@ class GuardFailure(RuntimeError):
         super().__init__(f"{dialogue_id}: the {speaker}'s turn {turn} failed "
                          + "; ".join(str(f) for f in failures) + " after every regeneration")
 
+    def only_repeats(self) -> bool:
+        """The turn failed only as a repeat of the speaker's own earlier words (a question asked before)."""
+        return all(f.guard == "repeat" or (f.guard == "echo" and f.detail == "own") for f in self.failures)
+
 
 class Phase(enum.Enum):
     START = "start"
@@ -130,6 +134,8 @@ class Dialogue:
         self.record = guards.RecordFacts.of(case_fields(case))
         self.guard_events: list[dict[str, Any]] = []
         self.generated = self.acct.generated
+        self.trimmed: dict[str, int] = {}  # turns cut back to their last whole sentence, by speaker
+        self.topics_skipped = 0  # topics left because the doctor could only ask again what it had asked
         self.addressee = "patient"  # who the doctor's current question is for
         self.interjected = False  # the companion cut in after the last answer
         self.doctor_system = persona.system_prompt() + (P.DOCTOR_COMPANION.format(
@@ -139,7 +145,7 @@ class Dialogue:
                     repetition_penalty=s.repetition_penalty)
         self.sp_doctor = Sampling(max_tokens=s.doctor_max_tokens, min_tokens=s.doctor_min_tokens, **free)
         self.sp_patient = Sampling(max_tokens=s.patient_max_tokens, min_tokens=s.patient_min_tokens, **free)
-        self.sp_story = Sampling(max_tokens=s.story_max_tokens, **free)
+        self.sp_story = Sampling(max_tokens=s.story_max_tokens, **{**free, "frequency_penalty": s.story_frequency_penalty})
         self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens, choice=(ops.YES, ops.NO))
         self.sp_json = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.json_max_tokens)
 
@@ -203,17 +209,36 @@ class Dialogue:
         self.generated[speaker] = self.generated.get(speaker, 0) + 1
         note = ""
         for attempt in range(g.max_regenerations + 1):
-            c = await gen(self.call, view, instruction + note, sampling,
+            c = await gen(self.call, view, instruction + note, self._hotter(sampling, attempt),
                           {**context, "attempt": attempt} if attempt else context)
-            text = guards.strip_label(c.text, speaker, names)
+            text, finish = self._trimmed(speaker, guards.strip_label(c.text, speaker, names), c.finish_reason)
             fails = guards.check(guards.Turn(
-                speaker=speaker, text=text, finish_reason=c.finish_reason, previous=previous, own=own,
+                speaker=speaker, text=text, finish_reason=finish, previous=previous, own=own,
                 asked=own if speaker == "doctor" else (), topic_risk=topic_risk, record=self.record), g.enabled)
             if not fails:
                 return text
             self._guard_failed(speaker, attempt, fails, text)
             note = guards.note(fails[0], speaker, self._risk_facts)
         raise GuardFailure(self.id, speaker, len(self.turns), fails, self.guard_events, self.generated)
+
+    def _hotter(self, sampling: Sampling, attempt: int) -> Sampling:
+        """A regeneration samples hotter (``guards.temperature_step`` per attempt, at most
+        ``guards.max_temperature``): a small model's peaked distribution otherwise gives the failed turn
+        again, new seed or not."""
+        if not attempt or not sampling.temperature:
+            return sampling
+        g = self.cfg.guards
+        return dataclasses.replace(sampling, temperature=min(g.max_temperature,
+                                                             sampling.temperature + g.temperature_step * attempt))
+
+    def _trimmed(self, speaker: str, text: str, finish_reason: str | None) -> tuple[str, str | None]:
+        """A turn stopped at the token limit is cut back to its last whole sentence when enough is left
+        (counted in the row's ``trimmed_turns``); otherwise it stays as it is for the truncation guard."""
+        kept = guards.trim_to_sentence(text, finish_reason) if self.cfg.guards.trim else None
+        if kept is None:
+            return text, finish_reason
+        self.trimmed[speaker] = self.trimmed.get(speaker, 0) + 1
+        return kept, "stop"
 
     def _guard_failed(self, speaker: str, attempt: int, fails: list[guards.Failure], text: str) -> None:
         for f in fails:
@@ -291,9 +316,9 @@ class Dialogue:
         self.generated["story"] = 1
         note = ""
         for attempt in range(g.max_regenerations + 1):
-            c = await ops.fic_exp_gen(self.call, self.case, self.triple, self.sp_story, note)
-            text = c.text.strip()
-            fails = guards.check(guards.Turn(speaker="story", text=text, finish_reason=c.finish_reason), enabled)
+            c = await ops.fic_exp_gen(self.call, self.case, self.triple, self._hotter(self.sp_story, attempt), note)
+            text, finish = self._trimmed("story", c.text.strip(), c.finish_reason)
+            fails = guards.check(guards.Turn(speaker="story", text=text, finish_reason=finish), enabled)
             if not fails:
                 time, people, event = self.triple
                 return text or f"{time}，{ops.triple_phrase(people, event)}，那段时间我心里一直很难受。"
@@ -371,7 +396,8 @@ class Dialogue:
         if self.exemplars is not None and (not self.followup or self.cfg.exemplars.followups):
             shown = self.exemplars.pick(self.case.case_id, self.topic.topic, self.topic.ask, last_answer)
         asked = instruction + instruction_block(shown, self.cfg.exemplars.answer_chars)
-        self.question = await self._generate(
+        try:
+            self.question = await self._generate(
             "doctor", self.doctor_view(), asked, self.sp_doctor,
             {"topic": self.topic.topic, "ask": self.topic.ask, "followup": self.followup, "empathy": empathy,
              "explain": self.persona.explain, "surname": self.persona.surname, "kind": self.topic.kind,
@@ -383,7 +409,15 @@ class Dialogue:
              "asked": [t["text"] for t in self.turns if t["speaker"] == "doctor"],
              "last_answer": last_answer,
              "exemplars": [{"topic": e.topic, "question": e.question} for e in shown]},
-        )
+            )
+        except GuardFailure as exc:
+            if not (self.cfg.guards.skip_asked_topic and exc.only_repeats()):
+                raise
+            # every attempt asked again what was asked before: the topic is taken as covered (DupDetect's
+            # verdict, reached by the guards) and the interview goes on; the attempts stay in guard_events
+            self.topics_skipped += 1
+            self.reask = self.interjected = False
+            return Phase.NEXT_TOPIC
         self.checking = last_answer if self.interjected else ""
         self.reask = self.interjected = False
         self._say("doctor", self.question, self.topic.topic, asked if self.cfg.exemplars.keep_in_history else instruction)
@@ -487,6 +521,8 @@ class Dialogue:
             "exemplar_index": self.exemplars.source if self.exemplars is not None else None,
             "guard_events": list(self.guard_events),
             "regenerations": len({(e["turn"], e["speaker"], e["attempt"]) for e in self.guard_events}),
+            "trimmed_turns": sum(self.trimmed.values()),
+            "topics_skipped": self.topics_skipped,
         }
 
 

@@ -21,11 +21,14 @@ from typing import Any
 from mdd import knowledge
 from mdd.cases import Case
 from mdd.dialogue import prompts as P
+from mdd.dialogue.guards import containment
 from mdd.dialogue.lay import Lay, clip, lay, split_clauses
 from mdd.tree import Topic, mentions
 
 FACTS_LIMIT = 360
-FACTS_SHOWN = 160  # the facts named in a turn's instruction (the system prompt holds the whole story)
+FACTS_SHOWN = 160  # the facts named in a turn's instruction
+OPENING_SHOWN = 60  # what the patient names as the reason for coming (the opening's instruction)
+SAID_SHARE = 0.6  # a fact clause whose character 4-grams were mostly said already is not shown again
 _FACT_SPLIT = re.compile(r"([。；;，,]+)")
 
 
@@ -276,7 +279,7 @@ class PatientRole:
         self.system = P.PATIENT_SYSTEM.format(
             age=c.age, gender=P.gender_word(c.gender),
             work=l.text(c.section("个人史", "工作、学习情况") or c.section("个人史", "工作情况")) or "没说",
-            complaint=l.text(c.complaint), present=l.text(c.present_illness),
+            complaint=l.text(c.complaint),
             physical=l.text(c.physical_history) or "没什么", family=l.text(c.family_history) or "没什么",
             personal=personal_text(c, l), appearance=l.appearance(c) or "看起来和平常差不多",
             time=time, people=people, event=l.text(event), story=l.text(story),
@@ -305,9 +308,25 @@ class PatientRole:
 
     def opening(self) -> tuple[str, dict[str, Any]]:
         n = self.budget()
+        present = self.lay.text(self.case.present_illness)
         ctx = {"opening": True, "style": self.style.id, "budget": n, "complaint": self.lay.text(self.case.complaint),
-               "facts": clip(self.lay.text(self.case.present_illness), 300)}
-        return P.PAT_OPENING.format(length=P.length_words(n)), ctx
+               "facts": clip(present, 300)}
+        reason = self.lay.text(self.case.complaint).rstrip("。") + "；" + clip(present, OPENING_SHOWN).rstrip("。")
+        return P.PAT_OPENING.format(facts=reason, length=P.length_words(n)), ctx
+
+    def unsaid(self, facts: str) -> tuple[str, str]:
+        """The fact clauses not said yet in this dialogue (by containment of their character 4-grams in
+        what the patient said), and the first words of one that was (named so it is not said again)."""
+        said = "".join(self.said)
+        fresh, told = [], ""
+        for c, sep in split_clauses(facts):
+            if not c.strip():
+                continue
+            if said and containment(c, said) >= SAID_SHARE:
+                told = told or c.strip()[:12]
+            else:
+                fresh.append(c + sep)
+        return "".join(fresh).strip("，,；; "), told
 
     def turn(self, topic: Topic, question: str, *, followup: bool, empathy: bool, trigger: bool,
              story: str, triple: tuple[str, str, str], checking: str = "") -> tuple[str, dict[str, Any]]:
@@ -326,8 +345,10 @@ class PatientRole:
         admit = not withhold and topic.id in self.withheld
         if withhold:
             self.withheld.add(topic.id)
+        fresh, told = self.unsaid(facts)
         cues = [] if topic.kind in ("experience", "graft") else \
-            [P.PAT_FACTS.format(facts=clip(facts, FACTS_SHOWN).rstrip("。")) if facts else P.PAT_NO_FACTS]
+            [P.PAT_FACTS.format(facts=clip(fresh, FACTS_SHOWN).rstrip("。")) if fresh else
+             P.PAT_SAID.format(said=told) if told else P.PAT_NO_FACTS]
         if withhold:
             cues.append(P.PAT_WITHHOLD)
         elif admit:

@@ -27,6 +27,7 @@ _SPLIT = re.compile(r"([。；;，,\n！!？?]+)")
 _STRIP = " ，,。；;:：、"
 TIME = re.compile(r"[0-9一二两三四五六七八九十半几]+\s*多?个?多?(?:天|周|星期|月|年|小时|次|分钟)|去年|今年|前年|上个?月|"
                    r"上周|从小|每天|每周|每晚|凌晨|半夜|小时候")
+_DURATION = re.compile(r"[0-9一二两三四五六七八九十半几]+\s*多?个?多?(?:天|周|星期|月|年|小时|分钟)")
 _WH = re.compile(r"什么|怎么|多少|多久|哪|几")
 _POLAR = (("有没有", "没有"), ("会不会", "不会"), ("是不是", "不是"), ("能不能", "不能"), ("知不知道", "不知道"),
           ("需不需要", "不需要"), ("离不离得开", "离得开"), ("抽不抽", "不抽"), ("喝不喝", "不喝"), ("用没用过", "没用过"),
@@ -114,12 +115,17 @@ def _time_answer(ctx, rng, ph, style, facts, lead, budget) -> str:
         return _pick(rng, ph.get("never"), "一直都没有过。")
     timed = [c for c in facts if TIME.search(c)]
     new = [c for c in timed if c not in (ctx.get("said") or "") and c not in (ctx.get("question") or "")]
+    since = ctx.get("since") or ""
     if new:  # a time already said (or quoted by the doctor) is not said again: the duration instead
-        return fit_first([lead + new[0]] + new[1:2], budget)
+        text = fit_first([lead + new[0]] + new[1:2], budget)
+        if since and not _DURATION.search(text):  # 凌晨四点醒 says when, not for how long
+            text = text.rstrip("。") + f"，这样有{since}了。"
+        return text
     said = ctx.get("said") or ""
-    options = ([o.format(since=ctx["since"]).rstrip("。") for o in _styled(ph, "since", style)] if ctx.get("since")
-               else list(ph.get("since_unknown") or ()))
-    text = _fresh(rng, options, said) or _fresh(rng, ph.get("time_again"), said) or _pick(rng, ph.get("time_again"))
+    options = [o.format(since=since).rstrip("。") for o in _styled(ph, "since", style)] if since \
+        else list(ph.get("since_unknown") or ())
+    again = [o.format(since=since or "一阵子") for o in ph.get("time_again") or ()]
+    text = _fresh(rng, options, said) or _fresh(rng, again, said) or _pick(rng, again)
     return (text or "有一阵子了").rstrip("。…") + ("……" if style == "tearful" else "。")
 
 
@@ -164,7 +170,8 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
     said = ctx.get("said") or ""
     if ctx.get("attempt") and _mostly_said(text, said):
         ph = style_book().scripted
-        text = _fresh(rng, ph.get("time_again"), said) or "还是刚才说的那样，没什么变化"
+        again = [o.format(since=ctx.get("since") or "一阵子") for o in ph.get("time_again") or ()]
+        text = _fresh(rng, again, said) or _pick(rng, ["还是那样。", "跟刚才一样。", "就是那样。"])  # short: may recur
         text = text.rstrip("。") + "。"
     return text
 

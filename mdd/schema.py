@@ -110,6 +110,10 @@ DIALOGUE = pa.schema(
         pa.field("regenerations", pa.int32()),
         pa.field("trimmed_turns", pa.int32()),
         pa.field("topics_skipped", pa.int32()),
+        # the case's provenance (cases.parquet's source, profile, plan_seed): synthetic | real | null
+        pa.field("case_source", pa.string()),
+        pa.field("case_profile", pa.string()),
+        pa.field("case_plan_seed", pa.int64()),
     ]
 )
 
@@ -126,6 +130,9 @@ CASE = pa.schema(
         pa.field("treatment", pa.string()),
         pa.field("fields", pa.map_(pa.string(), pa.string())),
         pa.field("masked", pa.list_(pa.string())),  # "field:kind" of personal data that was masked
+        pa.field("source", pa.string()),  # synthetic | real | null (the record does not say)
+        pa.field("profile", pa.string()),  # a synthetic case's profile (mdd/knowledge/profiles/)
+        pa.field("plan_seed", pa.int64()),  # a synthetic case's plan seed
     ]
 )
 

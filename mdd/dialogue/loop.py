@@ -523,6 +523,9 @@ class Dialogue:
             "regenerations": len({(e["turn"], e["speaker"], e["attempt"]) for e in self.guard_events}),
             "trimmed_turns": sum(self.trimmed.values()),
             "topics_skipped": self.topics_skipped,
+            "case_source": c.source,
+            "case_profile": c.profile,
+            "case_plan_seed": c.plan_seed,
         }
 
 

@@ -75,6 +75,11 @@ class Case:
     personal: dict[str, str] | str = field(default_factory=dict)
     exam: dict[str, str] | str = field(default_factory=dict)
     masked: tuple[str, ...] = ()  # "field:kind" of personal data that was masked (患者:hashed for the id)
+    # provenance: "synthetic" (with the profile and the plan seed it was drawn from) or "real"; None when
+    # the record does not say (a hand-written or hospital record)
+    source: str | None = None
+    profile: str | None = None
+    plan_seed: int | None = None
 
     @property
     def icd_codes(self) -> tuple[str, ...]:
@@ -129,6 +134,8 @@ class Case:
             "个人史": self.personal,
             "精神检查": self.exam,
             "处理意见": self.treatment,
+            **({"source": self.source} if self.source else {}),
+            **({"profile": self.profile, "plan_seed": self.plan_seed} if self.source == "synthetic" else {}),
         }
 
 
@@ -336,6 +343,7 @@ def validate_record(rec: Any, source: str, position: int, deid: privacy.Deidenti
                 clean[key] = deid.text(sub.strip(), f"{name}.{key}", masked)
         sections[name] = clean
 
+    origin, profile, plan_seed = _provenance(rec, problems)
     if problems:
         return None, [Reject(source, position, case_id, f, r, line) for f, r in problems]
     assert age is not None and gender is not None and case_id is not None
@@ -354,9 +362,35 @@ def validate_record(rec: Any, source: str, position: int, deid: privacy.Deidenti
             personal=sections["个人史"],
             exam=sections["精神检查"],
             masked=tuple(dict.fromkeys(masked)),
+            source=origin,
+            profile=profile,
+            plan_seed=plan_seed,
         ),
         [],
     )
+
+
+SOURCES = ("synthetic", "real")
+
+
+def _provenance(rec: dict[str, Any], problems: list[tuple[str, str]]) -> tuple[str | None, str | None, int | None]:
+    """``source`` (synthetic | real, optional) and, for a synthetic case, its ``profile`` and ``plan_seed``."""
+    origin = rec.get("source")
+    if origin is None or origin == "":
+        return None, None, None
+    if origin not in SOURCES:
+        problems.append(("source", f"must be one of {', '.join(SOURCES)}, got {_describe(origin)}"))
+        return None, None, None
+    if origin == "real":
+        return origin, None, None
+    profile, seed = rec.get("profile"), rec.get("plan_seed")
+    if not isinstance(profile, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", profile):
+        problems.append(("profile", f"a synthetic case needs its profile name (letters, digits, _ . -), got {_describe(profile)}"))
+        profile = None
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        problems.append(("plan_seed", f"a synthetic case needs its plan seed (an integer >= 0), got {_describe(seed)}"))
+        seed = None
+    return origin, profile, seed
 
 
 def validate_records(records: Iterable[Record],

@@ -1,0 +1,241 @@
+"""Synthetic case records (mdd/cases/plan.py, write.py, synth.py), the clinical consistency checker
+(mdd/cases/check.py) and their provenance in cases.parquet and the dialogue table."""
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from mdd.cases import load_cases, validate_record
+from mdd.cases.check import RULES, check_case, complaint_days
+from mdd.cases.plan import ProfileError, load_profile, synthesize_plans
+from mdd.cases.synth import synthesize_cases
+from mdd.cases.write import ScriptedCaseWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "cases" / "sample_cases.json"
+SHARED_LABELS = ROOT.parent / "shared" / "mdd5k" / "labels"
+
+
+def mdd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mdd", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def thousand(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cases1000")
+    return synthesize_cases(1000, "mdd5k", out, seed=1)
+
+
+# --- the profile ------------------------------------------------------------------------------
+
+def test_mdd5k_profile_carries_the_published_figures():
+    p = load_profile("mdd5k")
+    assert p.n_diagnoses == {1: 845, 2: 74, 3: 6} and sum(p.n_diagnoses.values()) == 925
+    published = {"F32": 410, "F41": 339, "F39": 65, "F98": 30, "F51": 28, "F42": 21, "G47": 17, "F31": 11}
+    assert {k: p.prefixes[k] for k in published} == published
+    assert list(p.prefixes)[:10] == [*published, "F43", "F45"] and {"Z71", "F50", "F34", "F22", "F90", "F28"} <= set(p.prefixes)
+    assert "MDD-5k" in p.source and "925" in p.source
+    # every shared label's prefix is one the profile draws (the shared README's F48 is in no published count)
+    prefixes = {json.loads(f.read_text(encoding="utf-8"))["ICD_Code"][:3] for f in SHARED_LABELS.glob("*_label.json")}
+    assert prefixes - set(p.prefixes) <= {"F48"}
+
+
+def test_bad_profiles_are_named(tmp_path):
+    with pytest.raises(ProfileError, match="no such profile"):
+        load_profile("nope")
+    bad = (ROOT / "mdd" / "knowledge" / "profiles" / "mdd5k.yaml").read_text(encoding="utf-8")
+    (tmp_path / "p.yaml").write_text(bad.replace("F32+F41: 30", "F32+F99: 30"), encoding="utf-8")
+    with pytest.raises(ProfileError, match="co_occurrence.F32\\+F99"):
+        load_profile(str(tmp_path / "p.yaml"))
+
+
+# --- 1,000 synthetic cases --------------------------------------------------------------------
+
+def test_thousand_cases_are_written_valid_consistent_and_match_the_profile(thousand):
+    r = thousand
+    assert r.requested == 1000 and r.written >= 980 and r.rejected == 1000 - r.written  # at most 2% rejects
+    cases, rejects = load_cases(r.out / "cases.jsonl")
+    assert len(cases) == r.written and rejects == []
+    assert all(c.source == "synthetic" and c.profile == "mdd5k" and c.plan_seed is not None for c in cases)
+    assert all(c.masked == () for c in cases)  # no personal data by construction: the masks find nothing
+    assert all(check_case(c) == [] for c in cases)
+    d = r.diversity
+    assert d["js_distance"]["icd_prefix"] < 0.05 and d["js_distance"]["n_diagnoses"] < 0.05
+    assert d["js_distance"]["age_band"] < 0.1 and d["js_distance"]["gender"] < 0.1
+    for k, share in {"1": 845 / 925, "2": 74 / 925, "3": 6 / 925}.items():
+        assert abs(d["n_diagnoses_share"][k] - share) <= 0.02
+    assert d["near_duplicates"]["share"] == 0.0 and d["near_duplicates"]["max_jaccard"] < 0.8
+    assert d["symptom_sets"]["F32"]["distinct"] >= 50
+    summary = json.loads((r.out / "synthesis.json").read_text(encoding="utf-8"))
+    assert summary["written"] == r.written and summary["diversity"]["js_distance"] == d["js_distance"]
+    assert len((r.out / "plans.jsonl").read_text(encoding="utf-8").splitlines()) == r.written
+
+
+def test_plans_fit_diagnosis_age_gender_and_criteria():
+    plans = synthesize_plans(load_profile("mdd5k"), 1000, seed=5)
+    drugs_min_age = {"escitalopram": 12, "paroxetine": 18, "venlafaxine": 18, "quetiapine": 13, "eszopiclone": 18}
+    for p in plans:
+        if set(p.prefixes) & {"F90", "F93", "F98"}:
+            assert p.age <= 17
+        if p.postpartum:
+            assert p.gender == "女" and 22 <= p.age <= 40 and "F32" in p.prefixes
+        if "F32" in p.prefixes:
+            assert p.days >= 14 and "mood_low" in p.present
+        assert all(p.age >= drugs_min_age.get(d, 0) for d in p.drugs)
+        if p.pregnant_weeks or p.breastfeeding:
+            assert not set(p.drugs) & {"paroxetine", "lithium", "valproate", "lorazepam", "eszopiclone", "zolpidem"}
+    assert any(p.postpartum for p in plans)
+
+
+def test_same_seed_same_cases_and_ids_unique_across_seeds(tmp_path):
+    a = synthesize_cases(60, "mdd5k", tmp_path / "a", seed=3)
+    b = synthesize_cases(60, "mdd5k", tmp_path / "b", seed=3)
+    c = synthesize_cases(60, "mdd5k", tmp_path / "c", seed=4)
+    assert (a.out / "cases.jsonl").read_bytes() == (b.out / "cases.jsonl").read_bytes()
+    ids = lambda r: {json.loads(x)["患者"] for x in (r.out / "cases.jsonl").read_text(encoding="utf-8").splitlines()}
+    assert not ids(a) & ids(c)
+
+
+# --- the checker --------------------------------------------------------------------------------
+
+def test_the_27_sample_cases_pass_every_rule(tmp_path):
+    cases, rejects = load_cases(SAMPLES)
+    assert len(cases) == 27 and rejects == []
+    assert [f for c in cases for f in check_case(c)] == []
+    res = mdd("cases", "check", str(SAMPLES), "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert pq.read_table(tmp_path / "rejects.parquet").num_rows == 0
+
+
+def _sample(i: int) -> dict:
+    return copy.deepcopy(json.loads(SAMPLES.read_text(encoding="utf-8"))[i])
+
+
+_N = iter(range(10**6))
+
+
+def _probe(i: int, **edits) -> dict:
+    rec = _sample(i)
+    for k, v in edits.items():
+        if "." in k:
+            head, sub = k.split(".", 1)
+            rec[head][sub] = v
+        else:
+            rec[k] = v
+    rec["患者"] = f"P{i:02d}x{next(_N)}"
+    return rec
+
+
+PROBES = [  # records that break one rule each (from sample cases S01 15女 F32, S05 19女 F50, S06 20男 F31 …)
+    ("age_occupation", _probe(0, **{"个人史.工作、学习情况": "大三学生，成绩中上。"})),
+    ("age_occupation", _probe(10, **{"年龄": 30, "个人史.工作、学习情况": "已退休，在家。"})),
+    ("age_marital", _probe(0, **{"个人史.婚恋情况": "已婚，育有一子。"})),
+    ("gender_specific", _probe(5, **{"个人史.月经情况": "13岁初潮，周期规律。"})),
+    ("gender_specific", _probe(20, **{"个人史.月经情况": "周期规律，末次月经半月前。"})),
+    ("diagnosis_symptoms", _probe(15, ICD编码="F30.100")),  # insomnia relabelled mania
+    ("duration_criteria", _probe(9, 主诉="产后情绪低落、哭泣、失眠10天")),
+    ("duration_criteria", _probe(13, 主诉="全身多处不适反复就医半年")),
+    ("treatment_age", _probe(0, 处理意见="帕罗西汀片 20mg 每日一次 每次半片 口服。两周后复诊。")),
+    ("treatment_diagnosis", _probe(5, 处理意见="舍曲林片 50mg 每日一次 每次1片 口服。两周后复诊。")),
+    ("treatment_diagnosis", _probe(0, 处理意见="盐酸哌甲酯缓释片 18mg 每日一次 口服。")),
+    ("treatment_pregnancy", _probe(9, 处理意见="帕罗西汀片 20mg 每日一次 口服。两周后复诊。")),
+    ("mse_history", _probe(1, **{"精神检查.感知": "可引出言语性幻听"})),
+    ("mse_history", _probe(1, **{"精神检查.情感": "情绪低落"}, 现病史="患者1年前出现厌学、脾气暴躁，否认持续情绪低落。")),
+]
+
+
+@pytest.mark.parametrize("rule,rec", PROBES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(PROBES)])
+def test_each_probe_is_caught_by_its_rule(rule, rec):
+    case, problems = validate_record(rec, "probe", 0)
+    assert case is not None, problems
+    assert rule in {f.rule for f in check_case(case)}
+    assert rule in RULES
+
+
+def test_check_command_writes_rule_rows_and_exits_1(tmp_path):
+    path = tmp_path / "probes.jsonl"
+    broken = [rec for _, rec in PROBES[:3]] + [_sample(2), {"患者": "bad", "年龄": "old"}]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in broken), encoding="utf-8")
+    res = mdd("cases", "check", str(path), "--out", str(tmp_path / "o"))
+    assert res.returncode == 1, res.stderr
+    rows = pq.read_table(tmp_path / "o" / "rejects.parquet").to_pylist()
+    assert {r["rule"] for r in rows} == {"age_occupation", "age_marital", "validation"}
+    assert "S03" not in {r["case_id"] for r in rows}
+    assert mdd("cases", "check", str(tmp_path / "none.json"), "--out", str(tmp_path / "o")).returncode == 2
+    assert mdd("cases", "synthesize", "--n", "0", "--out", str(tmp_path / "o2")).returncode == 2
+
+
+def test_complaint_durations():
+    assert complaint_days("失眠20余年，加重伴安眠药用量增加2年") == 20 * 365
+    assert complaint_days("反复暴食后催吐1年半") == 1.5 * 365
+    assert complaint_days("情绪低落、懒动2月，1年前曾有兴奋话多") == 60  # "1年前" is a time ago, not a duration
+    assert complaint_days("反复清洗、担心污染3年，加重半年") == 3 * 365 and complaint_days("心烦") is None
+
+
+# --- repair and reject ----------------------------------------------------------------------------
+
+class FaultyWriter(ScriptedCaseWriter):
+    """Writes a retired schoolchild on the first pass; mends it when told (or never, ``stubborn``)."""
+
+    name = "faulty"
+
+    def __init__(self, stubborn: bool = False):
+        self.stubborn, self.told = stubborn, []
+
+    def write(self, plan, failed=()):
+        rec = super().write(plan, failed)
+        self.told.append([f.rule for f in failed])
+        if not failed or self.stubborn:
+            rec["年龄"] = 12
+            rec["个人史"]["工作、学习情况"] = "已退休。"
+            rec["处理意见"] = "暂不予药物治疗。"
+        return rec
+
+
+def test_a_failed_record_is_repaired_once_told_or_rejected_with_its_rules(tmp_path):
+    w = FaultyWriter()
+    r = synthesize_cases(20, "mdd5k", tmp_path / "a", seed=2, writer=w)
+    assert r.written == 20 and r.repaired == 20 and r.failed_first_pass_by_rule["age_occupation"] == 20
+    assert ["age_occupation"] in w.told
+    s = synthesize_cases(20, "mdd5k", tmp_path / "b", seed=2, writer=FaultyWriter(stubborn=True))
+    assert s.written == 0 and s.rejected == 20 and s.rejected_by_rule["age_occupation"] == 20
+    rows = pq.read_table(tmp_path / "b" / "rejects.parquet").to_pylist()
+    assert {r["rule"] for r in rows} >= {"age_occupation"} and all(r["case_id"].startswith("syn") for r in rows)
+
+
+# --- into the dialogues --------------------------------------------------------------------------
+
+def test_synthetic_cases_run_through_the_main_job_with_provenance(tmp_path, thousand):
+    res = subprocess.run([sys.executable, "-m", "jobs.synthesize", "--config", "configs/local.yaml",
+                          "--cases", str(thousand.out / "cases.jsonl"), "--limit", "6", "--variants", "2",
+                          "--out", str(tmp_path / "run"), "--no-progress"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    df = pl.read_parquet(tmp_path / "run" / "synth" / "*.parquet")
+    assert df.height == 12 and set(df["case_source"]) == {"synthetic"} and set(df["case_profile"]) == {"mdd5k"}
+    assert df["case_plan_seed"].null_count() == 0
+    cases = pq.read_table(tmp_path / "run" / "cases.parquet").to_pylist()
+    assert len(cases) == 6 and all(c["source"] == "synthetic" and c["plan_seed"] is not None for c in cases)
+    assert all(r["guard_events"] == [] or r["regenerations"] >= 0 for r in df.iter_rows(named=True))
+
+
+def test_cases_parquet_of_an_older_run_gains_null_provenance(tmp_path):
+    import pyarrow as pa
+
+    from mdd.driver import write_cases
+    from mdd.storage import Store
+
+    old = pa.table({"case_id": ["S99"], "age": pa.array([30], pa.int32()), "gender": ["女"], "icd_code": ["F32.900"],
+                    "diagnosis": ["抑郁状态"], "treatment": ["x"],
+                    "fields": pa.array([[("主诉", "情绪低落1月")]], pa.map_(pa.string(), pa.string())),
+                    "masked": pa.array([[]], pa.list_(pa.string()))})
+    pq.write_table(old, tmp_path / "cases.parquet")
+    cases, _ = load_cases(SAMPLES)
+    write_cases(Store(str(tmp_path)), cases[:2])
+    rows = {r["case_id"]: r for r in pq.read_table(tmp_path / "cases.parquet").to_pylist()}
+    assert set(rows) == {"S99", "S01", "S02"} and rows["S99"]["source"] is None and rows["S01"]["source"] is None

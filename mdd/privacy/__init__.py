@@ -22,7 +22,7 @@ wechat         an id given as a WeChat id (微信, 微信号, vx, wx, WeChat)
 record_number  an identifier given after 住院号, 病案号, 门诊号, 病历号, 就诊卡号, 医保卡号, 社保卡号,
                护照号, 证件号, 身份证号, 卡号
 address        house, building, unit and room numbers after a street or estate word (路 街 巷 弄 道
-               村 区 园 苑 里 庄 寓 厦): "解放路[门牌号已隐去]"; the street name itself is kept
+               村 区 园 苑 里 庄 寓 厦), with the street's name (ner.py): 某地址
 number         7 or more digits spelled out one by one ("1 3 8 1 …") that are none of the above
 ============== ====================================================================================
 

@@ -93,7 +93,7 @@ def _name_ok(word: str) -> bool:
     lex = _lex()
     s = _surname_len(word)
     return (s > 0 and 2 <= len(word) <= s + 2 and bool(_ALL_CJK.fullmatch(word)) and word not in lex["protected"]
-            and "某" not in word and word[s:] not in lex["protected"])
+            and "某" not in word)
 
 
 def _cue_before(text: str, start: int) -> bool:
@@ -103,7 +103,9 @@ def _cue_before(text: str, start: int) -> bool:
 
 
 def _cue_after(text: str, end: int) -> bool:
-    tail = text[end:end + 6].lstrip(" ，,")
+    tail = text[end:end + 6]
+    if tail[:1] in " ，,":  # after a comma only the gender: 张伟，男，
+        return tail.lstrip(" ，,")[:1] in ("男", "女")
     return tail.startswith(_lex()["cue_after"])
 
 
@@ -115,8 +117,12 @@ def names(text: str, toks: list[tuple[int, int, str, str]]) -> Iterator[Span]:
         cand, used = None, i
         if f in ("nr", "nrfg", "nrt") and _name_ok(w):
             cand = (s, e, w)
+        elif _name_ok(w) and _freq(w) < 20 and (_cue_before(text, s) or _cue_after(text, e)):
+            cand = (s, e, w)  # jieba called a rare word after a cue a place (郑浩 ns): the cue decides
         nxt = toks[i + 1] if i + 1 < len(toks) else None
-        if nxt is not None and f in ("nr", "nrfg") and _ALL_CJK.fullmatch(nxt[2]) and _freq(w) == 0 or (
+        if nxt is not None and w in lex["compound_surnames"] and _ALL_CJK.fullmatch(nxt[2]) and len(nxt[2]) <= 2:
+            cand, used = (s, nxt[1], w + nxt[2]), i + 1  # 欧阳 + 娜
+        elif nxt is not None and f in ("nr", "nrfg") and _ALL_CJK.fullmatch(nxt[2]) and _freq(w) == 0 or (
                 nxt is not None and _surname_len(w) == len(w) and f in ("nr", "nrfg") and _ALL_CJK.fullmatch(nxt[2])):
             # jieba split a name: 李 + 明说, 王 + 秀英, 张小 + 明说
             w2 = nxt[2]
@@ -144,9 +150,12 @@ def _org_prefix(text: str, start: int) -> int:
     while lo > 0 and start - lo < 20 and re.match(f"[{_CJK}A-Za-z0-9第]", text[lo - 1]):
         lo -= 1
     window = text[lo:start]
+    proper = [(s, e) for s, e, w, f in _tokens(window) if f in ("ns", "nr", "nrt", "nz", "nt", "nrfg") and e - s >= 2]
     cut = 0
-    for b in lex["boundaries"]:
+    for b in lex["boundaries"]:  # the last boundary word, unless it lies inside a name (华为, 和平)
         k = window.rfind(b)
+        while k >= 0 and len(b) == 1 and any(s <= k < e for s, e in proper):
+            k = window.rfind(b, 0, k)
         if k >= 0 and k + len(b) > cut:
             cut = k + len(b)
     return lo + cut
@@ -183,6 +192,12 @@ def places(text: str, toks: list[tuple[int, int, str, str]]) -> Iterator[Span]:
         if f in ("ns", "nt", "nz") and len(w) >= 3 and w.endswith(_PLACE_SUFFIX) and not w.endswith(("省", "自治区")) \
                 and w not in lex["protected"]:
             yield Span(s, e, "place", "某地")
+    for s, e, w, f in toks:  # an organisation jieba knows whole (华为技术有限公司 nt)
+        if f == "nt" and w not in lex["protected"]:
+            vague = next((v for c, v in lex["org_classes"] if w.endswith(c) and len(w) > len(c)), None)
+            if vague is not None and w[:len(w) - next(len(c) for c, v in lex["org_classes"] if w.endswith(c))] \
+                    not in lex["generic"]:
+                yield Span(s, e, "org", vague)
     for word, vague in lex["org_classes"]:
         pos = 0
         while (k := text.find(word, pos)) >= 0:

@@ -140,12 +140,33 @@ def write_rejects(out: Store, rejects: list[Reject]) -> None:
     out.write_table(pa.Table.from_pylist([r.as_row() for r in rejects], schema=schema.REJECT), "rejects.parquet")
 
 
+def _without_input_path(dump: dict[str, Any], deid: privacy.Deidentifier, path: Any) -> dict[str, Any]:
+    """The config as run.json keeps it: the cases path named by its label (``Deidentifier.source``)."""
+    if isinstance(dump.get("synth"), dict) and dump["synth"].get("cases") is not None:
+        dump["synth"]["cases"] = deid.source(dump["synth"]["cases"])
+    return dump
+
+
+def _argv_without_input_path(argv: list[str], deid: privacy.Deidentifier, path: Any) -> list[str]:
+    """The command line with the cases path (after --cases, or as given in the config) as its label."""
+    out, after_flag = [], False
+    for a in argv:
+        if (after_flag and not a.startswith("-")) or a == str(path):
+            out.append(deid.source(a))
+        elif a.startswith("--cases="):
+            out.append("--cases=" + deid.source(a.split("=", 1)[1]))
+        else:
+            out.append(a)
+        after_flag = a == "--cases"
+    return out
+
+
 def write_cases(out: Store, cases: list[Case]) -> None:
     """``OUT/cases.parquet``: the validated, masked records (the evaluator checks answers against
     them). Cases of an earlier run into the same folder stay unless this run has them anew."""
     from mdd.evaluate.faithfulness import case_fields
 
-    rows = {c.case_id: {"case_id": c.case_id, "age": c.age, "gender": c.gender, "icd_code": c.icd_code,
+    rows = {c.case_id: {"case_id": c.case_id, "age": c.age_public, "gender": c.gender, "icd_code": c.icd_code,
                         "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
                         "masked": list(c.masked), "source": c.source, "profile": c.profile,
                         "plan_seed": c.plan_seed} for c in cases}
@@ -322,9 +343,9 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     masked = {c.case_id: list(c.masked) for c in cases if c.masked}
     rejected_cases = len({(r.source, r.position) for r in rejects})
     summary = {
-        "config": privacy.mask_obj(cfg.model_dump(mode="json")),
+        "config": privacy.mask_obj(_without_input_path(cfg.model_dump(mode="json"), deid, sc.cases)),
         "versions": package_versions(),
-        "argv": privacy.mask_obj(sys.argv),
+        "argv": privacy.mask_obj(_argv_without_input_path(sys.argv, deid, sc.cases)),
         "interrupted": interrupted,
         "counts": {
             "cases_valid": len(cases),
@@ -340,6 +361,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         },
         "quarantined_shards": quarantined,
         "personal_data_masked": masked,
+        "control_characters_removed": deid.controls_removed,
         "wall_time_s": round(wall, 3),
         "dialogues_per_min": round(stats.dialogues / wall * 60, 2) if wall > 0 else None,
         "llm_calls": {"by_role": dict(stats.calls_by_role), "by_model": dict(stats.by_model["calls"]),
@@ -371,7 +393,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     out.update_run_json("synthesize", summary)
     if not cases:
         first = "; ".join(f"{Path(r.source).name}: {r.field}: {r.reason}" for r in rejects[:2])
-        raise RunRefused(f"no usable case in {privacy.mask(str(sc.cases))}: {len(rejects)} reject rows "
+        raise RunRefused(f"no usable case in {deid.source(sc.cases)}: {len(rejects)} reject rows "
                          f"({first}{'; ...' if len(rejects) > 2 else ''}); see {out.display('rejects.parquet')}")
     return {**summary, "interview": report_interview(out, cases)}
 

@@ -71,7 +71,7 @@ def test_personal_data_is_masked_and_recorded(pa20):
     assert problems == []
     assert "13812345678" not in case.present_illness and "example.com" not in case.present_illness
     assert "110101199003071234" not in case.present_illness
-    assert {m.split(":")[1] for m in case.masked} == {"mobile", "email", "id_card"}
+    assert {m.split(":")[1] for m in case.masked} == {"mobile", "email", "id_card", "org"}  # org: pa20's 新纪元医院
 
 
 def test_mixed_file_rejects_broken_copies_and_keeps_good(tmp_path, pa20):
@@ -112,7 +112,7 @@ def test_unparseable_file_is_a_file_level_reject(tmp_path, content, words):
     cases, rejects = load_cases(f)
     assert cases == [] and len(rejects) == 1
     r = rejects[0]
-    assert (r.source, r.position, r.field, r.line) == (str(f), -1, "(file)", None) and words in r.reason
+    assert (r.source, r.position, r.field, r.line) == (f.name, -1, "(file)", None) and words in r.reason
     assert "13812345678" not in r.reason
 
 

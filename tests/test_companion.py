@@ -1,7 +1,9 @@
 """A third speaker: who a topic's question goes to (``audience``)."""
 import pytest
 
+import json
 import random
+from pathlib import Path
 
 from mdd import knowledge
 from mdd.tree import for_audience, parse_node, rand_visit
@@ -199,8 +201,12 @@ def test_main_job_companions(sample_run):
     collateral history; they interject and the doctor checks with the patient; at most 3 LLM calls
     per exchange in their dialogues too."""
     rows = sample_run["rows"]
-    minors = [r for r in rows if r["age"] <= 17]
-    adults = [r for r in rows if r["age"] > 17]
+    # the tables hold the age in tens (issue 24); who is a minor is decided on the exact age of the case
+    exact = {c["患者"]: c["年龄"] for c in json.loads((Path(__file__).resolve().parents[1] / "data/cases/sample_cases.json")
+                                                    .read_text(encoding="utf-8"))}
+    assert all(r["age"] % 10 == 0 for r in rows)
+    minors = [r for r in rows if exact[r["case_id"]] <= 17]
+    adults = [r for r in rows if exact[r["case_id"]] > 17]
     assert minors and all(any(t["speaker"] == "companion" for t in r["turns"]) and r["companion"] for r in minors)
     with_companion = [r for r in adults if any(t["speaker"] == "companion" for t in r["turns"])]
     assert len(with_companion) / len(adults) <= 0.25

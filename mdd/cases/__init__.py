@@ -91,7 +91,16 @@ class Case:
 
     @property
     def age_band(self) -> str:
+        """Decided from the exact age, before rounding (the tree and graph to use)."""
         return age_band(self.age)
+
+    @property
+    def age_public(self) -> int:
+        """The age as every output shows it: rounded to the nearest ten (GB/T 39725-2020 as the
+        MDD-5k paper applies it). ``age`` (exact) stays in memory for the symbolic decisions (age
+        band and tree, a minor's companion, the timing of the fictitious experience) and is never
+        written: tables, prompts and run.json get ``age_public``."""
+        return privacy.round_age(self.age)
 
     def get(self, path: str) -> str:
         """A field by name; ``个人史.X`` and ``精神检查.X`` address sub-fields."""
@@ -123,7 +132,7 @@ class Case:
         """Back to the MDD-5k schema (with the masked text)."""
         return {
             "患者": self.case_id,
-            "年龄": self.age,
+            "年龄": self.age_public,
             "性别": self.gender,
             "ICD编码": self.icd_code,
             "诊断结果": self.diagnosis,
@@ -158,7 +167,7 @@ CASE_SUFFIXES = (".json", ".jsonl", ".parquet")
 Record = tuple[str, int, Any, "int | None"]  # (source file, position in the file, record, JSONL line number)
 
 
-def read_records(path: str | Path) -> tuple[list[Record], list[Reject]]:
+def read_records(path: str | Path, deid: privacy.Deidentifier | None = None) -> tuple[list[Record], list[Reject]]:
     """Raw records, and the file- and line-level problems met while reading them.
 
     ``path`` is a file (JSON array, JSON object, JSONL, Parquet) or a folder of them. A JSONL
@@ -166,25 +175,26 @@ def read_records(path: str | Path) -> tuple[list[Record], list[Reject]]:
     read at all is a file-level reject (position -1; the folder's other files go on). Only a
     path that is neither a file nor a folder of case files raises :class:`CaseFileError`.
     """
+    deid = deid or privacy.default()
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.suffix.lower() in CASE_SUFFIXES and f.is_file())
         if not files:
-            raise CaseFileError(f"{privacy.mask(str(p))}: no case files (*.json, *.jsonl, *.parquet) in this folder")
+            raise CaseFileError(f"{deid.source(p)}: no case files (*.json, *.jsonl, *.parquet) in this folder")
     elif p.is_file():
         files = [p]
     else:
-        raise CaseFileError(f"{privacy.mask(str(p))}: no such file or folder")
+        raise CaseFileError(f"{deid.source(p)}: no such file or folder")
     out: list[Record] = []
     rejects: list[Reject] = []
     for f in files:
-        source = privacy.mask(str(f))
+        source = deid.source(f)
         try:
             for position, (rec, line) in enumerate(_read_file(f)):
                 if isinstance(rec, _BadLine):
                     rejects.append(Reject(source, position, None, "(line)", f"line {line}: {rec.reason}", line))
                 else:
-                    out.append((str(f), position, rec, line))
+                    out.append((source, position, rec, line))
         except CaseFileError as exc:
             rejects.append(Reject(source, -1, None, "(file)", str(exc)))
     return out, rejects
@@ -243,7 +253,7 @@ def validate_record(rec: Any, source: str, position: int, deid: privacy.Deidenti
                     line: int | None = None) -> tuple[Case | None, list[Reject]]:
     """Validate and de-identify one raw record. Returns the case (or None) and its problems."""
     deid = deid or privacy.default()
-    source = privacy.mask(source)
+    source = privacy.mask(source)  # already a label (read_records); a caller's own string is masked
     problems: list[tuple[str, str]] = []
     if not isinstance(rec, dict):
         return None, [Reject(source, position, None, "(record)", f"expected an object with the case fields, got {_describe(rec)}",
@@ -257,7 +267,11 @@ def validate_record(rec: Any, source: str, position: int, deid: privacy.Deidenti
     elif isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
         problems.append(("患者", f"case id must be text or an integer, got {_describe(raw_id)}"))
     else:
-        case_id, hashed = deid.case_id(str(raw_id).strip())
+        cleaned, removed = privacy.strip_controls(str(raw_id))
+        if removed:
+            masked.append("患者:control")
+            deid.controls_removed += removed
+        case_id, hashed = deid.case_id(cleaned.strip())
         if hashed:
             masked.append("患者:hashed")
 
@@ -420,6 +434,7 @@ def load_cases(path: str | Path, deid: privacy.Deidentifier | None = None) -> tu
     """Read, validate and de-identify; ``deid``: the run's (``privacy.for_output``), else ``privacy.default()``.
 
     Unreadable files and JSONL lines come first among the rejects."""
-    records, rejects = read_records(path)
+    deid = deid or privacy.default()
+    records, rejects = read_records(path, deid)
     cases, problems = validate_records(records, deid)
     return cases, rejects + problems

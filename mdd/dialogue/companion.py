@@ -159,7 +159,7 @@ class CompanionRole:
                                         l.text(c.section("个人史", "发育情况"), w.pron)) if x)
             development = P.COMPANION_DEVELOPMENT.format(pron=w.pron, text=dev) if dev else ""
         self.system = P.COMPANION_SYSTEM.format(
-            relation=w.relation, kin=w.kin, pron=w.pron, age=c.age, gender=P.gender_word(c.gender),
+            relation=w.relation, kin=w.kin, pron=w.pron, age=c.age_public, gender=P.gender_word(c.gender),
             work=l.text(c.section("个人史", "工作、学习情况") or c.section("个人史", "工作情况"), w.pron) or "没说",
             complaint=l.text(c.complaint, w.pron), present=self._mine(l.text(c.present_illness, w.pron)),
             physical=l.text(c.physical_history, w.pron) or "没什么", family=l.text(c.family_history, w.pron) or "没什么",

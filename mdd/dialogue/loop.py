@@ -500,7 +500,7 @@ class Dialogue:
             "diagnosis": c.diagnosis,
             "treatment": c.treatment,
             "gender": c.gender,
-            "age": c.age,
+            "age": c.age_public,
             "n_turns": sum(1 for t in self.turns if t["speaker"] == "doctor"),
             "n_exchanges": self.exchanges,
             "engine": self.engine.name,

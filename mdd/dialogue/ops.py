@@ -144,12 +144,12 @@ async def fic_exp_gen(call: Call, case: Case, triple: tuple[str, str, str], samp
     """FicExpGen: a fictitious past experience story from a (time, people, event) triple (``note``: a
     corrective note after a guard failed the last attempt)."""
     time, people, event = triple
-    ctx = {"triple": {"time": time, "people": people, "event": event}, "age": case.age, "gender": case.gender,
+    ctx = {"triple": {"time": time, "people": people, "event": event}, "age": case.age_public, "gender": case.gender,
            "work": work_text(case), "diagnosis": case.diagnosis, "complaint": case.complaint}
     msgs = [
         Message("system", P.STORY_SYSTEM),
         # in lay words: the story is told to the patient agent as its own past
-        Message("user", P.STORY_USER.format(age=case.age, gender=P.gender_word(case.gender),
+        Message("user", P.STORY_USER.format(age=case.age_public, gender=P.gender_word(case.gender),
                                             work=lay().text(work_text(case)), complaint=lay().text(case.complaint),
                                             time=time, people=people, event=event) + note),
     ]

@@ -277,7 +277,7 @@ class PatientRole:
         if companion:
             self.companion = str(knowledge.load_yaml("companions.yaml")["relations"][companion].get("mine", companion))
         self.system = P.PATIENT_SYSTEM.format(
-            age=c.age, gender=P.gender_word(c.gender),
+            age=c.age_public, gender=P.gender_word(c.gender),
             work=l.text(c.section("个人史", "工作、学习情况") or c.section("个人史", "工作情况")) or "没说",
             complaint=l.text(c.complaint),
             physical=l.text(c.physical_history) or "没什么", family=l.text(c.family_history) or "没什么",

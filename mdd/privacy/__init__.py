@@ -22,7 +22,7 @@ wechat         an id given as a WeChat id (微信, 微信号, vx, wx, WeChat)
 record_number  an identifier given after 住院号, 病案号, 门诊号, 病历号, 就诊卡号, 医保卡号, 社保卡号,
                护照号, 证件号, 身份证号, 卡号
 address        house, building, unit and room numbers after a street or estate word (路 街 巷 弄 道
-               村 区 园 苑 里 庄 寓 厦): "解放路[门牌号已隐去]"; the street name itself is kept
+               村 区 园 苑 里 庄 寓 厦), with the street's name (ner.py): 某地址
 number         7 or more digits spelled out one by one ("1 3 8 1 …") that are none of the above
 ============== ====================================================================================
 
@@ -32,6 +32,14 @@ Digits are recognised in every common form: half- and full-width (１３８…),
 only when every group has at least 3 digits (or every group one digit), so dates such as
 "2013.10.15-2014.01.20" are left alone. Not detected: personal names in free text, birth dates,
 place names without house numbers. A case id that is a name is hashed (see ``looks_personal_id``).
+
+Since issue 24 the set also finds (to GB/T 39725-2020, as the MDD-5k paper describes its cases):
+person names, places and organisations (``mdd.privacy.ner``: jieba's tagger checked by rules;
+replaced by 某某, 某地, 某地址, 某医院, 某中学, 某公司, 某小区 …), identifying dates (a day, or a
+month with a birth / visit cue: 某年某月某日; durations and relative times such as 3月前 stay),
+the patient's and relatives' stated ages (rounded to the nearest ten), licence plates, passport
+and employee numbers; control, bidi and zero-width characters are removed and counted. The
+probe set ``tests/privacy_probe.py`` measures recall and precision per kind.
 
 The key of the id hash comes from the environment variable named by ``privacy.key_env``
 (``MDD_PRIVACY_KEY``), never from the config file. Without it, the first run into an output
@@ -64,8 +72,16 @@ KINDS: dict[str, str] = {
     "qq": "[QQ号已隐去]",
     "wechat": "[微信号已隐去]",
     "record_number": "[证件号已隐去]",
-    "address": "[门牌号已隐去]",
+    "address": "某地址",
     "number": "[号码已隐去]",
+    "name": "某某",
+    "place": "某地",
+    "org": "某单位",
+    "date": "某年某月某日",
+    "age": "",  # replaced by the age rounded to the nearest ten
+    "plate": "[车牌号已隐去]",
+    "passport": "[护照号已隐去]",
+    "employee_number": "[工号已隐去]",
 }
 
 KEY_FILE = ".privacy-key"
@@ -91,7 +107,7 @@ def normalise(text: str) -> str:
 
 # --- patterns (on normalised text) -----------------------------------------------------------------
 
-_SEP = r"[ \-.()]"
+_SEP = r"[ \-.()、_，,/]"
 _CUE_TAIL = r"(?:号码|号|码|ID|id)?\s*(?:是|为|[:：])?\s*"
 _CJK = "\u3400-\u9fff"
 # a local part is ASCII, or up to 4 CJK characters (a name) and ASCII; a top-level domain ASCII or 2-4 CJK
@@ -101,11 +117,58 @@ _CUED = (
     ("qq", re.compile(r"(?i)(?:qq|扣扣)" + _CUE_TAIL + r"([0-9](?:" + _SEP + r"?[0-9]){4,12})")),
     ("wechat", re.compile(r"(?i)(?:微信|weixin|wechat|vx|wx)" + _CUE_TAIL +
                           r"([A-Za-z][-_A-Za-z0-9]{5,19}|\+?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
-    ("record_number", re.compile(r"(?:住院号|病案号|门诊号|病历号|就诊卡号|医保卡号|社保卡号|医保号|护照号|证件号|身份证号?|卡号)"
+    ("record_number", re.compile(r"(?:住院号|病案号|门诊号|病历号|就诊卡号|医保卡号|社保卡号|医保号|证件号|身份证号?|卡号)"
                                  + _CUE_TAIL + r"([A-Za-z0-9](?:[-A-Za-z0-9 ]?[A-Za-z0-9]){3,})")),
+    ("passport", re.compile(r"(?:护照|通行证|签证)" + _CUE_TAIL + r"([A-Za-z]{0,2}[0-9](?:[- ]?[0-9]){5,9})")),
+    ("employee_number", re.compile(r"(?:工号|员工号|员工编号|职工号|职工编号|工作证号|学号|警号|军官证号?|驾驶证号|驾照号|编号)"
+                                   + _CUE_TAIL + r"([A-Za-z0-9](?:[-_A-Za-z0-9 ]?[A-Za-z0-9]){2,})")),
     ("phone", re.compile(r"(?i)(?:联系电话|联系方式|电话|手机|座机|tel|phone|mobile)" + _CUE_TAIL +
                          r"(\+?\(?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
 )
+_PLATE = re.compile(r"[京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼使领]\s*[A-Z][\s.-]?"
+                    r"(?=[A-Z0-9]{0,5}[0-9])[A-Z0-9]{5,6}(?![A-Za-z0-9])")
+_PASSPORT = re.compile(r"(?<![A-Za-z0-9])(?:[EGDSPHK][A-Z]?|[A-Z]{2})[0-9]{7,8}(?![0-9A-Za-z])")
+# dates on normalised text: Chinese numerals are digits there, 十 stays
+_Y = r"(?:1[89][0-9]{2}|20[0-9]{2}|[0-9]{2}(?=\s*年))"
+_M = r"(?:1[0-2]|0?[1-9]|十[12]?)"
+_D = r"(?:3[01]|[12][0-9]|0?[1-9]|[123]?十[1-9]?)"
+_YMD = rf"{_Y}\s*年\s*{_M}\s*月\s*{_D}\s*[日号]?|(?:1[89]|20)[0-9]{{2}}\s*[-/.]\s*{_M}\s*[-/.]\s*{_D}(?![0-9])"
+_MD = rf"(?<![0-9十]){_M}\s*月\s*{_D}\s*[日号]"
+_YM = rf"{_Y}\s*年\s*{_M}\s*月(?!\s*[0-9十])|(?:1[89]|20)[0-9]{{2}}\s*[-/.]\s*{_M}(?![0-9.\-/])"
+_VISIT = r"(?:入院|出院|就诊|住院|来诊|初诊|复诊|门诊|就医|转院|收治|收入|检查|体检|手术|来院|到院|随访)"
+_DATES = (
+    re.compile(rf"(?<![0-9])(?:{_YMD})"),
+    re.compile(_MD),
+    re.compile(rf"(?:出生日期|出生年月日?|出生于|出生在|生于|出生|生日|生辰)[：:\s是为在]*((?:{_Y})\s*年(?:\s*{_M}\s*月)?|{_YM})"),
+    re.compile(rf"(?<![0-9])({_YM})(?=\s*[，,]?\s*(?:在|于|到|来)?[^，。；]{{0,8}}{_VISIT})"),
+    re.compile(rf"(?:{_VISIT}(?:日期|时间)|日期|时间)[：:\s为是]*({_YM})"),
+)
+_KIN = ("父亲|母亲|爸爸|妈妈|丈夫|妻子|老公|老婆|爱人|配偶|儿子|女儿|哥哥|姐姐|弟弟|妹妹|男友|女友|外婆|外公|奶奶|爷爷|"
+        "孙子|孙女|继父|继母|前夫|前妻")
+_AGES = (
+    re.compile(r"(?:(?<=[男女])|(?<=[男女]性)|(?<=年龄)|(?<=今年)|(?<=现年)|(?<=时年)|(?<=年仅)|(?<=患者)|(?<=病人))"
+               r"(?:\s*[，,、:：为是]?\s*)([0-9]{1,3})(?=\s*(?:周岁|岁))"),
+    re.compile(r"(?<![0-9])([0-9]{1,3})(?=\s*(?:周岁|岁)\s*[，,、]?\s*[男女])"),
+    re.compile(rf"(?:{_KIN})\s*[，,]?\s*(?:今年|现年)?\s*([0-9]{{1,3}})(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
+)
+
+
+def round_age(age: int) -> int:
+    """The nearest ten (half up: 25 -> 30); 1-9 give 10, so no published age is 0."""
+    return max(10, int(age + 5) // 10 * 10)
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+                      "\u2066-\u206f\ufeff\u180e\u061c\ufff9-\ufffb]")
+
+
+def strip_controls(text: str) -> tuple[str, int]:
+    """``text`` without control characters (NUL, C0/C1 but tab and newlines), bidi overrides and
+    isolates, zero-width characters; and how many were removed."""
+    out, n = _CONTROL.subn("", text)
+    return out, n
+
+
 _ADDR_UNIT = r"[0-9]+\s*(?:号楼|号院|号|栋|幢|座|单元|室|楼|层|户|弄|排)"
 _ADDRESS = re.compile(r"(?<=[路街巷弄道村区园苑里庄寓厦])\s*(" + _ADDR_UNIT + r"(?:\s*-?\s*" + _ADDR_UNIT + r")*)")
 # digit groups joined by up to 3 separator characters; an optional + or ( in front, an X at the end
@@ -119,6 +182,7 @@ class Hit:
     start: int
     end: int
     kind: str
+    repl: str | None = None  # the replacement when it is not the kind's token (ages, 某中学 …)
 
 
 def _plausible_date(y: str, m: str, d: str) -> bool:
@@ -190,7 +254,7 @@ def _grouped_like_a_number(part: list[tuple[int, int, str]]) -> bool:
     return all(n >= 3 for n in lens[1:]) and (lens[0] >= 3 or part[0][2] in ("86", "0086"))
 
 
-def find(text: str) -> list[Hit]:
+def find(text: str, ner: bool = True) -> list[Hit]:
     """Every personal datum in ``text``, as non-overlapping spans in order.
 
     Detectors run in order (e-mail, digit runs, cued ids, house numbers); overlapping finds are
@@ -204,19 +268,39 @@ def find(text: str) -> list[Hit]:
             found.append(Hit(m.start(1), m.end(1), kind))
             pos = m.start() + 1
     found += [Hit(m.start(1), m.end(1), "address") for m in _ADDRESS.finditer(norm)]
+    found += [Hit(m.start(), m.end(), "plate") for m in _PLATE.finditer(norm)]
+    found += [Hit(m.start(), m.end(), "passport") for m in _PASSPORT.finditer(norm)]
+    for pat in _DATES:
+        for m in pat.finditer(norm):
+            g = 1 if pat.groups else 0
+            found.append(Hit(m.start(g), m.end(g), "date"))
+    for pat in _AGES:
+        for m in pat.finditer(norm):
+            age = int(m.group(1))
+            if age % 10 or age == 0:
+                found.append(Hit(m.start(1), m.end(1), "age", str(round_age(age))))
+    if ner:
+        from mdd.privacy import ner as _ner
+
+        found += [Hit(sp.start, sp.end, sp.kind, sp.repl) for sp in _ner.find(text)]
     rank = {id(h): i for i, h in enumerate(found)}
     merged: list[Hit] = []
     first: list[int] = []
     for h in sorted(found, key=lambda h: (h.start, -h.end)):
         if merged and h.start < merged[-1].end:
             last = merged[-1]
-            kind = last.kind if first[-1] <= rank[id(h)] else h.kind
-            merged[-1] = Hit(last.start, max(last.end, h.end), kind)
+            keep = last if first[-1] <= rank[id(h)] else h
+            if h.kind in _VAGUE and last.kind in _VAGUE:  # a place inside an organisation's name: the longer wins
+                keep = h if h.end - h.start > last.end - last.start else last
+            merged[-1] = Hit(last.start, max(last.end, h.end), keep.kind, keep.repl)
             first[-1] = min(first[-1], rank[id(h)])
         elif h.start < h.end:
             merged.append(h)
             first.append(rank[id(h)])
     return merged
+
+
+_VAGUE = ("name", "place", "org", "address")
 
 
 def scrub(text: str) -> tuple[str, list[str]]:
@@ -227,7 +311,7 @@ def scrub(text: str) -> tuple[str, list[str]]:
     parts, last = [], 0
     for h in hits:
         parts.append(text[last:h.start])
-        parts.append(KINDS[h.kind])
+        parts.append(h.repl if h.repl is not None else KINDS[h.kind])
         last = h.end
     parts.append(text[last:])
     return "".join(parts), [h.kind for h in hits]
@@ -271,14 +355,40 @@ def describe_value(value: Any) -> str:
 
 # --- case ids -------------------------------------------------------------------------------------
 
-_PLAIN_ID = re.compile(r"[A-Za-z]{0,12}[-_]?[0-9]{1,6}")
+_SERIAL_WORDS = ("patient", "case", "sample", "subject", "record", "item", "test", "demo", "mdd", "pt", "pat", "id",
+                 "no", "caseid", "p", "pa", "s", "c", "k", "r", "x")
+_PLAIN_ID = re.compile(r"(?i)(?:[a-z]{1,3}|" + "|".join(_SERIAL_WORDS) + r")?[-_]?([0-9]{1,6})")
+_YEARISH = re.compile(r"(?:19|20)[0-9]{2}")
 
 
 def looks_personal_id(case_id: str) -> bool:
-    """True unless the id is plainly a serial: up to 12 ASCII letters, an optional - or _, and at
-    most 6 digits ("S01", "1", "pa20", "patient_12", "case-000123"). Names (Chinese or not),
-    numbers of 7+ digits and anything the pattern set finds are personal."""
-    return not _PLAIN_ID.fullmatch(case_id) or bool(find(case_id))
+    """True unless the id is plainly a serial: at most 3 ASCII letters or a serial word (patient,
+    case, sample, subject, record …), an optional - or _, and at most 6 digits ("S01", "1", "pa20",
+    "patient_12", "case-000123"). Names in any script (zhangwei1987, 张三), digits that could be a
+    birth year (S1987) or date (case-870512), numbers of 7+ digits and anything the pattern set
+    finds are personal."""
+    m = _PLAIN_ID.fullmatch(case_id)
+    if not m:
+        return True
+    digits = m.group(1)
+    if _YEARISH.fullmatch(digits) or (len(digits) == 6 and not digits.startswith("00")
+                                          and _plausible_date("19", digits[2:4], digits[4:6])):
+        return True
+    return bool(find(case_id, ner=False))
+
+
+_FILE_WORDS = {"case", "cases", "sample", "samples", "data", "input", "inputs", "test", "tests", "mdd", "batch",
+               "part", "shard", "train", "dev", "val", "valid", "eval", "records", "record", "patients", "patient",
+               "all", "demo", "example", "examples", "hostile", "bad", "good", "new", "old", "final", "clean", "raw",
+               "mdd5k", "subset", "split", "file", "files", "chunk"}
+
+
+def plain_file_name(name: str) -> bool:
+    """A file name made only of plain words (cases, sample, part …) and short serials."""
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    words = [w for w in re.split(r"[-_.\s]+", stem.lower()) if w]
+    return bool(words) and all(w in _FILE_WORDS or (re.fullmatch(r"[a-z]?[0-9]{0,3}|[a-z]{0,3}[0-9]{1,3}", w) is not None)
+                               for w in words) and not find(name, ner=False)
 
 
 class Deidentifier:
@@ -289,6 +399,7 @@ class Deidentifier:
             raise ValueError(f"privacy.case_ids must be auto or always, got {case_ids!r}")
         self._key = key
         self.case_ids = case_ids
+        self.controls_removed = 0  # control, bidi and zero-width characters removed so far
 
     @property
     def key_id(self) -> str:
@@ -305,8 +416,23 @@ class Deidentifier:
             return self.hash_id(raw), True
         return raw, False
 
+    def source(self, path: Any) -> str:
+        """An input file as outputs name it: its base name when that is plainly not personal
+        (sample_cases.json, part-01.jsonl), else ``input-`` + a keyed hash and the suffix. Folders
+        are never named (a folder may carry a person's name)."""
+        name = os.path.basename(str(path).rstrip("/\\")) or "input"
+        if plain_file_name(name):
+            return name
+        suffix = os.path.splitext(name)[1].lower()
+        suffix = suffix if suffix in (".json", ".jsonl", ".parquet") else ""
+        return "input-" + hmac.new(self._key, str(path).encode("utf-8"), hashlib.sha256).hexdigest()[:10] + suffix
+
     def text(self, value: str, fieldname: str, masked: list[str]) -> str:
         """``value`` scrubbed; appends ``field:kind`` for each kind found."""
+        value, removed = strip_controls(value)
+        if removed:
+            masked.append(f"{fieldname}:control")
+            self.controls_removed += removed
         out, kinds = scrub(value)
         masked.extend(f"{fieldname}:{k}" for k in dict.fromkeys(kinds))
         return out

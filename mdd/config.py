@@ -204,7 +204,10 @@ class GuardConfig(_Frozen):
     story: bool = Field(True, description="guard the fictitious experience too (loop, leak, language, truncation, "
                         "role)")
     skip_asked_topic: bool = Field(True, description="a doctor turn that fails only as a repeat of its own earlier "
-                                   "question ends its topic (counted in the row's topics_skipped), not the dialogue")
+                                   "question, or an answer that fails only as an echo (its question is then taken "
+                                   "back), ends its topic, not the dialogue (the row's topics_skipped counts them)")
+    max_topics_skipped: int = Field(3, ge=0, description="at most this many topics a dialogue so ends; the next "
+                                    "such turn ends the dialogue as a failure")
     trim: bool = Field(True, description="a turn stopped at the token limit is cut back to its last whole sentence "
                        "when at least 8 characters are left (the row's trimmed_turns counts them)")
     temperature_step: float = Field(0.15, ge=0, description="each regeneration samples this much hotter ...")

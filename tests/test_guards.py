@@ -307,3 +307,34 @@ def test_a_regeneration_samples_hotter(samples):
     temps = dict(eng.temperatures)
     assert temps[0] == base and temps[1] == pytest.approx(base + 0.15)
     assert temps[2] == pytest.approx(base + 0.3) and temps[3] == pytest.approx(min(1.2, base + 0.45)) == 1.2
+
+
+class EchoOnFollowups(ScriptedEngine):
+    """The patient answers the first ``n`` follow-ups by repeating the question, whatever it is told."""
+
+    def __init__(self, n: int = 2):
+        super().__init__()
+        self.left, self.seen = n, set()
+
+    async def generate(self, request: Request) -> Completion:
+        key = request.context.get("question")
+        if request.op == "PatGen" and request.context.get("followup") and (self.left > 0 or key in self.seen):
+            if key not in self.seen:
+                self.seen.add(key)
+                self.left -= 1
+            question = next(m.content for m in reversed(request.messages) if m.role == "user")
+            return Completion(text=question.split("\n\n")[0], prompt_tokens=10, output_tokens=10)
+        return await super().generate(request)
+
+
+def test_an_answer_that_can_only_echo_takes_its_question_back(samples):
+    cfg = DialogueConfig(guards=GuardConfig(max_regenerations=1, max_topics_skipped=2))
+    row, _ = _run(samples["S08"], EchoOnFollowups(), cfg)
+    assert row["topics_skipped"] == 2 and row["turns"][-1]["topic"] == "诊断结果"
+    assert not G.check_dialogue(row["turns"]).failures  # the echoes and their questions are not in the table
+    # every exchange left is a question and its answer
+    speakers = [t["speaker"] for t in row["turns"][:-1]]
+    assert all(a == "doctor" and b == "patient" for a, b in zip(speakers[::2], speakers[1::2]))
+    # a third such answer ends the dialogue as a failure
+    with pytest.raises(GuardFailure):
+        _run(samples["S08"], EchoOnFollowups(3), cfg)

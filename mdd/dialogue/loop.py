@@ -54,6 +54,10 @@ class GuardFailure(RuntimeError):
         """The turn failed only as a repeat of the speaker's own earlier words (a question asked before)."""
         return all(f.guard == "repeat" or (f.guard == "echo" and f.detail == "own") for f in self.failures)
 
+    def only_echoes(self) -> bool:
+        """The turn failed only as an echo: of the other side's last words or of its own earlier ones."""
+        return all(f.guard in ("echo", "repeat") for f in self.failures)
+
 
 class Phase(enum.Enum):
     START = "start"
@@ -220,6 +224,22 @@ class Dialogue:
             self._guard_failed(speaker, attempt, fails, text)
             note = guards.note(fails[0], speaker, self._risk_facts)
         raise GuardFailure(self.id, speaker, len(self.turns), fails, self.guard_events, self.generated)
+
+    def _may_skip(self) -> bool:
+        g = self.cfg.guards
+        return g.skip_asked_topic and self.topics_skipped < g.max_topics_skipped
+
+    def _unask(self) -> None:
+        """Take back the doctor's last question (its answer could only echo it or what was said before):
+        the exchange never happened, a topic it opened is not counted as asked, and the topic ends."""
+        assert self.turns and self.turns[-1]["speaker"] == "doctor" and self.topic is not None
+        self.instructions.pop(len(self.turns) - 1, None)
+        self.turns.pop()
+        if self.topic_exchanges == 0 and self.topic_ids and self.topic_ids[-1] == self.topic.id:
+            self.topic_ids.pop()
+            self.topics.pop()
+        self.topics_skipped += 1
+        self.reask = self.interjected = False
 
     def _hotter(self, sampling: Sampling, attempt: int) -> Sampling:
         """A regeneration samples hotter (``guards.temperature_step`` per attempt, at most
@@ -411,7 +431,7 @@ class Dialogue:
              "exemplars": [{"topic": e.topic, "question": e.question} for e in shown]},
             )
         except GuardFailure as exc:
-            if not (self.cfg.guards.skip_asked_topic and exc.only_repeats()):
+            if not (self._may_skip() and exc.only_repeats()):
                 raise
             # every attempt asked again what was asked before: the topic is taken as covered (DupDetect's
             # verdict, reached by the guards) and the interview goes on; the attempts stay in guard_events
@@ -438,8 +458,14 @@ class Dialogue:
         instruction, context = self.patient.turn(self.topic, self.question, followup=self.followup,
                                                  empathy=bool(self.empathy), trigger=trigger, story=self.story,
                                                  triple=self.triple, checking=self.checking)
-        self.answer = answer = await self._generate("patient", view, instruction, self.sp_patient, context,
-                                                    topic_risk=guards.is_thought_topic(self.topic.topic))
+        try:
+            self.answer = answer = await self._generate("patient", view, instruction, self.sp_patient, context,
+                                                        topic_risk=guards.is_thought_topic(self.topic.topic))
+        except GuardFailure as exc:
+            if not (self._may_skip() and exc.only_echoes()):
+                raise
+            self._unask()  # the patient can only say again what was said: the topic is done
+            return Phase.NEXT_TOPIC
         self._say("patient", answer, self.topic.topic, instruction, grounding=list(self.topic.case_fields))
         self.patient.heard(answer, self.topic)
         if self.escort is not None:  # the companion may cut in, while the doctor can still follow up

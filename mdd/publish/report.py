@@ -334,7 +334,12 @@ def _cost(ctx: Context) -> Panel:
     usage = usage_by_model(ctx.run)
     if usage:
         blocks += ["<h3>By model, every dialogue of the run</h3>", html_table(usage)]
-    by_model = {k: v for src in (calls, tokens, syn) for k, v in src.items() if "model" in k and isinstance(v, dict)}
+    by_pair = syn.get("usage_by_model_and_role") or {}
+    if by_pair:
+        blocks += ["<h3>By model and role, the last synthesis invocation</h3>", html_table(
+            [{"model": m, "role": r, **u} for m, roles in by_pair.items() for r, u in roles.items()])]
+    by_model = {k: v for src in (calls, tokens, syn) for k, v in src.items()
+                if "model" in k and isinstance(v, dict) and k != "usage_by_model_and_role"}
     if by_model:
         blocks += ["<h3>By model, the last synthesis invocation</h3>"] + [
             f"<h4>{esc(k)}</h4>{mapping_block(v)}" for k, v in by_model.items()]

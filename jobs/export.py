@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", help="eval/dialogues column for --min-quality (default: overall)")
     p.add_argument("--min-rule-pass", type=float, help="keep dialogues that passed this share of their triggered rules")
     p.add_argument("--mask-below", type=float, help="doctor turns whose doctor_quality is below this get weight 0")
+    p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
+                   "to finish (default: exit 2 naming it)")
     return p
 
 
@@ -35,13 +37,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from mdd.publish.card import write_card
-    from mdd.storage import StorageError, open_store
+    from mdd.storage import StorageError, open_store, run_lock
 
     e = cfg.publish.export
     try:
         store = open_store(args.out or cfg.synth.out)
-        s = export(store, args.format, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below))
-        write_card(store, cfg if args.config else None)
+        with run_lock(store, "export", wait=args.wait, create=False):
+            s = export(store, args.format, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below))
+            write_card(store, cfg if args.config else None)
     except (ExportError, StorageError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2

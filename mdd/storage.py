@@ -189,6 +189,16 @@ class Store:
         if got != size:
             raise StorageError(f"{self.display(rel)}: wrote {size} bytes, the store holds {got}")
 
+    def sha256(self, rel: str) -> str:
+        """The SHA-256 of a file, read in pieces."""
+        import hashlib
+
+        h = hashlib.sha256()
+        with self.fs.open_input_stream(self.path(rel)) as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        return h.hexdigest()
+
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode("utf-8")
 

@@ -37,14 +37,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from mdd.publish.card import write_card
-    from mdd.storage import StorageError, open_store, run_lock
+    from mdd.publish.run_data import RunData
+    from mdd.storage import StorageError, dialogue_shards, open_store, run_lock
 
     e = cfg.publish.export
     try:
         store = open_store(args.out or cfg.synth.out)
         with run_lock(store, "export", wait=args.wait, create=False):
-            s = export(store, args.format, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below))
-            write_card(store, cfg if args.config else None)
+            fmt = args.format
+            dialogue_shards(store, quarantine=False)  # a damaged input is named before anything is written
+            RunData(store).check_readable()
+            # written aside, then swapped in: a failed export or card never replaces the last good one
+            with store.staged(f"export-{fmt}", (f"export/{fmt}", f"export/{fmt}.jsonl", "README.md"),
+                              passthrough=(ExportError,)) as st:
+                s = export(store, fmt, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below), dest=st.out)
+                section = {**(store.read_run_json().get("export") or {}), fmt: s}
+                st.run_json["export"] = section
+                write_card(store, cfg if args.config else None, dest=st.out, sections={"export": section})
     except (ExportError, StorageError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2

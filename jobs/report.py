@@ -24,14 +24,20 @@ def build_parser() -> argparse.ArgumentParser:
 def publish(cfg, out: str, reference: str | None = None) -> int:
     """Report + card for ``out``; prints where they are. Returns an exit code."""
     from mdd.publish.card import write_card
-    from mdd.publish.report import build_report
-    from mdd.storage import StorageError, open_store
+    from mdd.publish.report import FIGURE_DIR, REPORT_FILE, build_report
+    from mdd.publish.run_data import RunData
+    from mdd.storage import StorageError, dialogue_shards, open_store
 
     ref = reference or cfg.publish.reference
     try:
         store = open_store(out)
-        summary = build_report(store, ref)
-        card = write_card(store, cfg, ref)
+        dialogue_shards(store, quarantine=False)  # ShardError: a damaged shard, named, before anything is written
+        RunData(store).check_readable()  # likewise a damaged evaluation table, cases.parquet, rejects.parquet
+        # written aside, then swapped in: a failed report or card never replaces the last good one
+        with store.staged("report", (REPORT_FILE, FIGURE_DIR, "README.md")) as st:
+            summary = build_report(store, ref, dest=st.out)
+            st.run_json["report"] = summary
+            card = write_card(store, cfg, ref, dest=st.out, sections={"report": summary})
     except (FileNotFoundError, StorageError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2

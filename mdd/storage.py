@@ -43,7 +43,7 @@ import os
 import posixpath
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -179,9 +179,14 @@ class Store:
             parent, name = posixpath.split(dst)
             os.makedirs(parent, exist_ok=True)
             tmp = posixpath.join(parent, f".{name}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, dst)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, dst)
+            except BaseException:  # a full disk: no half file left behind (the last good one stays)
+                with suppress(OSError):
+                    os.unlink(tmp)
+                raise
             return
         with self.fs.open_output_stream(dst) as f:
             f.write(data)
@@ -358,10 +363,13 @@ class Store:
     # --- staged stages ------------------------------------------------------------------
 
     @contextmanager
-    def staged(self, stage: str, targets: tuple[str, ...]) -> Iterator["Staging"]:
+    def staged(self, stage: str, targets: tuple[str, ...],
+               passthrough: tuple[type[BaseException], ...] = ()) -> Iterator["Staging"]:
         """Build a stage's outputs in a staging area; commit them on a clean exit.
 
-        ``targets``: the top-level names the stage replaces as a whole (e.g. ``("eval", "index")``).
+        ``targets``: the names the stage replaces as a whole (e.g. ``("eval", "index")``; also files and
+        paths below the top, ``("report.html", "export/sft")``); ``passthrough``: exceptions the body
+        raises for a user's mistake, raised again as they are (after removing the staging area).
         The body writes through ``staging.out`` (a Store rooted at the staging area) and sets its
         ``run.json`` sections in ``staging.run_json``. Any exception leaves OUT as it was and is
         raised again as :class:`StageFailed` (``KeyboardInterrupt`` as itself).
@@ -372,12 +380,18 @@ class Store:
             yield st
             st.validate()
         except BaseException as exc:
-            _drop_area(self, st.area)
-            if not isinstance(exc, Exception):
+            try:
+                _drop_area(self, st.area)
+            except OSError:  # a full or read-only disk: the next run removes it
+                pass
+            if not isinstance(exc, Exception) or isinstance(exc, passthrough):
                 raise
             kept = [t for t in targets if self.exists(t)]
-            state = (f"{', '.join(self.display(t) + '/' for t in kept)} and run.json['{stage}'] are unchanged"
-                     if kept else "nothing was written")
+            state = (f"{', '.join(self.display(t) + ('/' if self._info(t).type == pafs.FileType.Directory else '') for t in kept)}"
+                     f" and run.json['{stage}'] are unchanged" if kept else "nothing was written")
+            inner = innermost(exc)
+            if is_write_error(inner):
+                raise StageFailed(f"{writable_error(self, inner)} ({state})") from exc
             raise StageFailed(f"failed: {describe_error(exc)} ({state})") from exc
         try:
             st.commit()
@@ -423,7 +437,7 @@ class Staging:
             got = self.out.read_metadata(rel).num_rows
             if got != rows:
                 raise StorageError(f"{self.out.display(rel)}: {rows} rows written, {got} read back")
-        stray = [f for f in present if f.split("/")[0] not in self.targets]
+        stray = [f for f in present if not any(_under(f, t) for t in self.targets)]
         if stray:
             raise StorageError(f"{self.stage}: wrote outside its outputs {self.targets}: {stray[0]}")
 
@@ -438,7 +452,7 @@ def _roll_forward(store: Store, area: str, manifest: dict[str, Any]) -> None:
     """Put a committed stage's files in place; every step may run again after a crash."""
     files = list(manifest["files"])
     for target in manifest["targets"]:
-        new = [f for f in files if f.split("/")[0] == target]
+        new = [f for f in files if _under(f, target)]
         if store.local:
             src, old = f"{area}/new/{target}", f"{area}/old/{target}"
             if store.exists(src) or not new:
@@ -459,6 +473,10 @@ def _roll_forward(store: Store, area: str, manifest: dict[str, Any]) -> None:
     for key, value in manifest.get("run_json", {}).items():
         store.update_run_json(key, value)
     _drop_area(store, area)
+
+
+def _under(f: str, target: str) -> bool:
+    return f == target or f.startswith(target.rstrip("/") + "/")
 
 
 def _drop_area(store: Store, area: str) -> None:
@@ -528,6 +546,19 @@ def _corrupt(store: Store, rel: str, exc: BaseException, quarantine: bool) -> di
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def innermost(exc: BaseException) -> BaseException:
+    """The innermost cause (Ray wraps a worker's error in its own)."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None)
+        inner = inner if isinstance(inner, BaseException) else exc.__cause__
+        if inner is None:
+            break
+        exc = inner
+    return exc
 
 
 def describe_error(exc: BaseException) -> str:
@@ -626,8 +657,13 @@ class RunLock:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(body)
+            except BaseException:  # a full disk: no empty lock left behind
+                with suppress(OSError):
+                    os.unlink(path)
+                raise
             return True
         if self.store.exists(LOCK):
             return False

@@ -130,3 +130,191 @@ def test_the_lock_is_reentrant_in_one_process_and_removes_leftover_tmp_files(tmp
             pass
         assert (out / LOCK).exists()
     assert not (out / LOCK).exists()
+
+
+# --- a failed report, card or export replaces nothing ---------------------------------------------
+
+
+def _snapshot(out: Path, rels: list[str]) -> dict[str, bytes]:
+    files = {}
+    for rel in rels:
+        p = out / rel
+        for f in ([p] if p.is_file() else sorted(p.rglob("*"))):
+            if f.is_file():
+                files[str(f.relative_to(out))] = f.read_bytes()
+    return files
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.fixture
+def run_copy(main_run, tmp_path) -> Path:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(main_run, out, ignore=shutil.ignore_patterns("rounds"))
+    return out
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("damaged", ["synth", "eval/dialogues"])
+def test_a_failed_report_keeps_the_last_good_report_and_card(run_copy, capsys, damaged):
+    """Once one truncated shard turned a 900 KB report.html into 421 KB of 'panel failed', and the card too."""
+    from jobs.report import main as report_main
+
+    out = run_copy
+    rels = ["report.html", "report", "README.md", "run.json"]
+    before = _snapshot(out, rels)
+    assert before["report.html"] and any(k.startswith("report/") for k in before)
+    shard = sorted((out / damaged).glob("*.parquet"))[0]
+    _truncate(shard)
+    capsys.readouterr()
+    assert report_main(["--out", str(out)]) == 2
+    line = _err_line(capsys)
+    assert str(shard.relative_to(out)) in line or shard.name in line, line
+    assert _snapshot(out, rels) == before
+    assert not (out / ".staging").exists() and not list(out.rglob("*.tmp"))
+
+
+def test_a_failed_export_keeps_the_last_good_export_and_card(run_copy, capsys):
+    from jobs.export import main as export_main
+
+    out = run_copy
+    assert export_main(["--out", str(out), "--format", "sft"]) == 0
+    rels = ["export", "README.md", "run.json"]
+    before = _snapshot(out, rels)
+    assert "export/sft.jsonl" in before and "export/sft/part-00000.parquet" in before
+    _truncate(sorted((out / "eval" / "dialogues").glob("*.parquet"))[0])
+    capsys.readouterr()
+    assert export_main(["--out", str(out), "--format", "sft", "--min-quality", "0.5"]) == 2
+    line = _err_line(capsys)
+    assert line.startswith("export:") and "eval/dialogues/part-" in line and "mdd evaluate" in line, line
+    assert _snapshot(out, rels) == before
+    assert not (out / ".staging").exists()
+
+
+# --- read-only and full output folders ---------------------------------------------------------
+
+
+def _can_mount() -> str | None:
+    """Why a real read-only mount or a tiny tmpfs cannot be made here (None when it can)."""
+    if os.geteuid() != 0:
+        return "not root: a read-only bind mount and a tmpfs need root (and as root chmod does not stop writes)"
+    probe = Path("/tmp") / f"mdd-mount-probe-{os.getpid()}"
+    probe.mkdir(exist_ok=True)
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)], capture_output=True)
+        if r.returncode:
+            return f"mount refused here: {r.stderr.decode().strip()[:120]}"
+        subprocess.run(["umount", str(probe)], check=True)
+        return None
+    finally:
+        probe.rmdir()
+
+
+MOUNT_SKIP = _can_mount()
+needs_mount = pytest.mark.skipif(MOUNT_SKIP is not None, reason=str(MOUNT_SKIP))
+
+
+@pytest.fixture
+def mounted(tmp_path):
+    """``mount(kind, src)``: ``ro`` bind-mounts ``src`` read-only; ``full`` makes a tmpfs holding a copy of ``src``
+    with ``free`` bytes left. Unmounted after the test."""
+    import shutil
+
+    points = []
+
+    def mount(kind: str, src: Path, free: int = 0) -> Path:
+        point = tmp_path / f"mnt-{kind}-{len(points)}"
+        point.mkdir()
+        if kind == "ro":
+            subprocess.run(["mount", "--bind", str(src), str(point)], check=True)
+            points.append(point)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(point)], check=True)
+        else:
+            used = sum(f.stat().st_size + 8192 for f in src.rglob("*") if f.is_file())
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={used + free + (1 << 20)}", "tmpfs", str(point)],
+                           check=True)
+            points.append(point)
+            shutil.copytree(src, point, dirs_exist_ok=True)
+            with open(point / "filler", "wb") as f:  # fill the disk up to ``free`` bytes
+                try:
+                    while os.statvfs(point).f_bavail * os.statvfs(point).f_frsize > free:
+                        f.write(b"\0" * min(1 << 20, os.statvfs(point).f_bavail * os.statvfs(point).f_frsize - free
+                                            or 4096))
+                        f.flush()
+                except OSError:
+                    pass
+        return point
+
+    yield mount
+    for p in reversed(points):
+        subprocess.run(["umount", "-l", str(p)])
+
+
+def _commands(out: Path, cases: Path, ref: Path) -> dict[str, list[str]]:
+    config = str(ROOT / "configs" / "local.yaml")
+    return {
+        "synthesize": ["synthesize", "--config", config, "--cases", str(cases), "--out", str(out), "--variants", "1",
+                       "--no-progress"],
+        "evaluate": ["evaluate", "--config", config, "--out", str(out), "--full"],
+        "run": ["run", "--config", config, "--cases", str(cases), "--out", str(out), "--variants", "1",
+                "--no-progress"],
+        "report": ["report", "--out", str(out)],
+        "export": ["export", "--out", str(out), "--format", "sharegpt"],
+        "compare": ["compare", "--out", str(out), "--reference", str(ref), "--quiet"],
+    }
+
+
+@needs_mount
+def test_a_read_only_output_is_one_line_exit_2_for_every_command(run_copy, mounted, tmp_path):
+    cases = tmp_path / "cases.json"
+    samples = json.loads((ROOT / "data" / "cases" / "sample_cases.json").read_text(encoding="utf-8"))
+    cases.write_text(json.dumps(samples[:2], ensure_ascii=False), encoding="utf-8")
+    ro = mounted("ro", run_copy)
+    before = _snapshot(run_copy, ["report.html", "README.md", "run.json"])
+    for name, argv in _commands(ro, cases, run_copy).items():
+        r = _mdd(*argv, timeout=600)
+        assert r.returncode == 2, (name, r.stderr[-3000:])
+        line = _one_line(r.stderr)
+        assert "read-only" in line and str(ro) in line and "--out" in line, (name, line)
+    # search only reads: a read-only folder is no obstacle
+    r = _mdd("search", "--out", str(ro), "-k", "2", "睡眠")
+    assert r.returncode == 0 and "score=" in r.stdout, r.stderr[-2000:]
+    assert _snapshot(run_copy, ["report.html", "README.md", "run.json"]) == before
+
+
+@needs_mount
+@pytest.mark.parametrize("command", ["report", "export", "synthesize", "evaluate", "compare"])
+def test_a_full_output_is_one_line_exit_2_and_keeps_the_last_good_files(run_copy, mounted, tmp_path, command):
+    """A disk with room for the lock but not for the outputs: one line naming the path and the fix, exit 2;
+    the report, card, export and run.json as they were; no temporary file left behind."""
+    cases = tmp_path / "cases.json"
+    samples = json.loads((ROOT / "data" / "cases" / "sample_cases.json").read_text(encoding="utf-8"))
+    cases.write_text(json.dumps(samples[:3], ensure_ascii=False), encoding="utf-8")
+    (run_copy / "export").mkdir(exist_ok=True)
+    full = mounted("full", run_copy, free=16 * 1024)
+    rels = ["report.html", "report", "README.md", "run.json", "export", "synth", "eval"]
+    before = _snapshot(full, rels)
+    argv = _commands(full, cases, run_copy)[command]
+    if command == "synthesize":  # new dialogues to write
+        argv = [a if a != "1" else "3" for a in argv]
+    r = _mdd(*argv, timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    line = _one_line(r.stderr)
+    assert "no space left" in line and str(full) in line, line
+    after = _snapshot(full, rels)
+    if command == "synthesize":  # whole shards only: what fitted is kept, nothing half-written
+        assert {k: v for k, v in after.items() if not k.startswith("synth/")} == \
+            {k: v for k, v in before.items() if not k.startswith("synth/")}
+    else:
+        assert after == before
+    assert not [p for p in full.rglob("*.tmp")] and not (full / LOCK).exists()

@@ -37,7 +37,10 @@ def _mdd(*argv: str, **kw) -> subprocess.CompletedProcess:
 
 def _one_line(stderr: str) -> str:
     assert "Traceback" not in stderr, stderr[-3000:]
-    lines = [ln for ln in stderr.splitlines() if ln.strip() and " WARNING " not in ln and " INFO " not in ln]
+    import re
+
+    log_line = re.compile(r"^(\d{4}-\d\d-\d\d [0-9:,]+\s+(INFO|WARNING)\b|\(\w+(, |\s)?pid=)")  # ours, Ray's
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not log_line.search(ln)]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
 

@@ -321,3 +321,18 @@ def test_a_full_output_is_one_line_exit_2_and_keeps_the_last_good_files(run_copy
     else:
         assert after == before
     assert not [p for p in full.rglob("*.tmp")] and not (full / LOCK).exists()
+
+
+@pytest.mark.parametrize("argv,flag", [(["synthesize", "--variants", "0"], "--variants 0"),
+                                       (["synthesize", "--in-flight", "0"], "--in-flight 0"),
+                                       (["evaluate", "--batch-size", "-1"], "--batch-size -1")])
+def test_a_bad_flag_value_is_blamed_on_the_flag_not_the_config_file(tmp_path, capsys, argv, flag):
+    import importlib
+
+    module = importlib.import_module(f"jobs.{argv[0]}")
+    capsys.readouterr()
+    rc = module.main(["--config", str(ROOT / "configs" / "local.yaml"), "--out", str(tmp_path / "o"), *argv[1:]])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "invalid command line: " + flag in err and "local.yaml" not in err, err
+    assert not (tmp_path / "o").exists()

@@ -29,11 +29,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_turns < 2:
         ap.error("--max-turns must be at least 2")
     from mdd.publish.compare import format_table, run_compare
+    from mdd.storage import StorageError, is_write_error, open_store, writable_error
 
     try:
         report = run_compare(args.out, args.reference, embedder=args.embedder, max_turns=args.max_turns,
                              seed=args.seed)
-    except (FileNotFoundError, ValueError) as exc:
+    except OSError as exc:
+        if not is_write_error(exc):
+            if isinstance(exc, FileNotFoundError):
+                print(f"compare: {exc}", file=sys.stderr)
+                return 2
+            raise
+        print(f"compare: {writable_error(open_store(args.out), exc)}", file=sys.stderr)
+        return 2
+    except (ValueError, StorageError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:

@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--full", action="store_true", help="evaluate every shard again and refit the IDF (default: "
                     "only shards not yet evaluated with this evaluator, eval/state.json)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
+                    "to finish (default: exit 2 naming it)")
     return ap
 
 
@@ -52,9 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or cfg.synth.out
     from mdd.evaluate.stage import run_evaluate
+    from mdd.storage import StorageError, run_lock
 
     try:
-        run_evaluate(cfg, out, quiet=args.quiet, full=args.full)
+        with run_lock(out, "evaluate", wait=args.wait, create=False):
+            run_evaluate(cfg, out, quiet=args.quiet, full=args.full)
+    except StorageError as exc:  # a lock held, an OUT that cannot be written, a damaged shard: nothing changed
+        print(f"evaluate: {exc}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1

@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", help="eval/dialogues column for --min-quality (default: overall)")
     p.add_argument("--min-rule-pass", type=float, help="keep dialogues that passed this share of their triggered rules")
     p.add_argument("--mask-below", type=float, help="doctor turns whose doctor_quality is below this get weight 0")
+    p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
+                   "to finish (default: exit 2 naming it)")
     return p
 
 
@@ -35,13 +37,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from mdd.publish.card import write_card
-    from mdd.storage import StorageError, open_store
+    from mdd.publish.run_data import RunData
+    from mdd.storage import StorageError, dialogue_shards, open_store, run_lock
 
     e = cfg.publish.export
     try:
         store = open_store(args.out or cfg.synth.out)
-        s = export(store, args.format, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below))
-        write_card(store, cfg if args.config else None)
+        with run_lock(store, "export", wait=args.wait, create=False):
+            fmt = args.format
+            dialogue_shards(store, quarantine=False)  # a damaged input is named before anything is written
+            RunData(store).check_readable()
+            # written aside, then swapped in: a failed export or card never replaces the last good one
+            with store.staged(f"export-{fmt}", (f"export/{fmt}", f"export/{fmt}.jsonl", "README.md"),
+                              passthrough=(ExportError,)) as st:
+                s = export(store, fmt, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below), dest=st.out)
+                section = {**(store.read_run_json().get("export") or {}), fmt: s}
+                st.run_json["export"] = section
+                write_card(store, cfg if args.config else None, dest=st.out, sections={"export": section})
     except (ExportError, StorageError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2

@@ -16,20 +16,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run folder (default: synth.out of the config)")
     p.add_argument("--reference", default=None, help="dialogue table to compare with (a run folder or Parquet, e.g. "
                    "the output of jobs.import_mdd5k); default: publish.reference, else the published MDD-5k figures")
+    p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
+                   "to finish (default: exit 2 naming it)")
     return p
 
 
 def publish(cfg, out: str, reference: str | None = None) -> int:
     """Report + card for ``out``; prints where they are. Returns an exit code."""
     from mdd.publish.card import write_card
-    from mdd.publish.report import build_report
-    from mdd.storage import StorageError, open_store
+    from mdd.publish.report import FIGURE_DIR, REPORT_FILE, build_report
+    from mdd.publish.run_data import RunData
+    from mdd.storage import StorageError, dialogue_shards, open_store
 
     ref = reference or cfg.publish.reference
     try:
         store = open_store(out)
-        summary = build_report(store, ref)
-        card = write_card(store, cfg, ref)
+        dialogue_shards(store, quarantine=False)  # ShardError: a damaged shard, named, before anything is written
+        RunData(store).check_readable()  # likewise a damaged evaluation table, cases.parquet, rejects.parquet
+        # written aside, then swapped in: a failed report or card never replaces the last good one
+        with store.staged("report", (REPORT_FILE, FIGURE_DIR, "README.md")) as st:
+            summary = build_report(store, ref, dest=st.out)
+            st.run_json["report"] = summary
+            card = write_card(store, cfg, ref, dest=st.out, sections={"report": summary})
     except (FileNotFoundError, StorageError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
@@ -49,19 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from mdd.storage import StorageError, open_store
+    from mdd.storage import StorageError, open_store, run_lock
 
     out = args.out or cfg.synth.out
     try:
         store = open_store(out)
-        if not store.parquet_files("synth"):
-            print(f"report: {store.display('synth')}: no dialogues here (run the main job or jobs.synthesize first)",
-                  file=sys.stderr)
-            return 2
+        with run_lock(store, "report", wait=args.wait, create=False):
+            if not store.parquet_files("synth"):
+                print(f"report: {store.display('synth')}: no dialogues here (run the main job or jobs.synthesize "
+                      f"first)", file=sys.stderr)
+                return 2
+            return publish(cfg, out, args.reference)
     except StorageError as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
-    return publish(cfg, out, args.reference)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = args.out or cfg.synth.out
+    from mdd.storage import StorageError, run_lock
+
+    try:
+        with run_lock(out, "run", wait=args.wait):  # synthesize, evaluate and report take it again (re-entrant)
+            return _rounds(args, cfg, out)
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _rounds(args: argparse.Namespace, cfg, out: str) -> int:
     exemplars, synth_rc = args.exemplars, 0
     for r in range(1, args.rounds + 1):
         where = round_out(out, r, args.rounds)

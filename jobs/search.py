@@ -18,10 +18,20 @@ def _times(hit: dict) -> str:
     return f" (and {n - 1} more identical)" if n > 1 else ""
 
 
+def _at_least_one(value: str) -> int:
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pairs, got {value!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {k}")
+    return k
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mdd search", description="nearest high-quality QA pairs")
     ap.add_argument("--out", required=True, help="run folder (or s3:// / gs:// URI) holding index/")
-    ap.add_argument("-k", type=int, default=5, help="number of pairs")
+    ap.add_argument("-k", type=_at_least_one, default=5, help="number of pairs (at least 1)")
     ap.add_argument("--full", action="store_true", help="print whole questions and answers")
     ap.add_argument("text", nargs="+", help="query text")
     args = ap.parse_args(argv)

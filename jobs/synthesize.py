@@ -45,6 +45,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "the default), whatever made them (always), or refuse any (never)")
     p.add_argument("--strict", action="store_true", help="exit 3 when the run is partial (reject rows or failed dialogues)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
+                   "to finish (default: exit 2 naming it)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     from mdd.dialogue.exemplars import ExemplarError
     from mdd.driver import RunRefused, run_synthesis
     from mdd.provenance import ProvenanceMismatch
-    from mdd.storage import StorageError
+    from mdd.storage import StorageError, run_lock
 
     try:
-        summary = run_synthesis(cfg, progress=not args.no_progress, resume=args.resume)
+        with run_lock(cfg.synth.out, "synthesize", wait=args.wait):
+            summary = run_synthesis(cfg, progress=not args.no_progress, resume=args.resume)
     except CaseFileError as exc:
         print(f"error: cannot read cases: {exc}", file=sys.stderr)
         return 2

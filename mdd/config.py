@@ -485,14 +485,32 @@ def resolve_sampling(cfg: "Config") -> "Config":
                                                            "family": s.family})})})})
 
 
-def _describe(err: ValidationError, path: str) -> str:
-    """One line naming each bad key and what is wrong (pydantic's messages do not quote the value)."""
-    problems = []
+# a dotted key given on the command line -> its flag, where the flag is not --<leaf with dashes>
+FLAGS = {"synth.dialogue.exemplars.index": "--exemplars"}
+
+
+def flag_of(dotted: str) -> str:
+    return FLAGS.get(dotted) or "--" + dotted.rsplit(".", 1)[-1].replace("_", "-")
+
+
+def _describe(err: ValidationError, path: str, given: dict[str, Any] | None = None) -> str:
+    """One line naming each bad key and what is wrong (pydantic's messages do not quote the value); a
+    key that came from the command line (``given``: dotted key -> value) is blamed on its flag."""
+    problems, from_flags = [], []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")  # our own checks already name their key
-        problems.append(f"{key}: {msg}" if key else msg)
-    return f"{path}: invalid configuration: " + "; ".join(problems)
+        flag = next((k for k in (given or {}) if key == k or key.startswith(k + ".")), None)
+        if flag is not None:
+            from_flags.append(f"{flag_of(flag)} {given[flag]}: {msg} (it overrides {flag})")
+        else:
+            problems.append(f"{key}: {msg}" if key else msg)
+    parts = []
+    if from_flags:
+        parts.append("invalid command line: " + "; ".join(from_flags))
+    if problems:
+        parts.append(f"{path}: invalid configuration: " + "; ".join(problems))
+    return "; ".join(parts)
 
 
 def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:
@@ -529,5 +547,5 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, src)) from exc
+        raise ConfigError(_describe(exc, src, {k: v for k, v in (overrides or {}).items() if v is not None})) from exc
     return resolve_sampling(cfg)

@@ -41,7 +41,9 @@ import json
 import logging
 import os
 import posixpath
-from contextlib import contextmanager
+import sys
+import time
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -177,15 +179,30 @@ class Store:
             parent, name = posixpath.split(dst)
             os.makedirs(parent, exist_ok=True)
             tmp = posixpath.join(parent, f".{name}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, dst)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, dst)
+            except BaseException:  # a full disk: no half file left behind (the last good one stays)
+                with suppress(OSError):
+                    os.unlink(tmp)
+                raise
             return
         with self.fs.open_output_stream(dst) as f:
             f.write(data)
         got = self._info(rel).size
         if got != size:
             raise StorageError(f"{self.display(rel)}: wrote {size} bytes, the store holds {got}")
+
+    def sha256(self, rel: str) -> str:
+        """The SHA-256 of a file, read in pieces."""
+        import hashlib
+
+        h = hashlib.sha256()
+        with self.fs.open_input_stream(self.path(rel)) as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        return h.hexdigest()
 
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode("utf-8")
@@ -346,10 +363,13 @@ class Store:
     # --- staged stages ------------------------------------------------------------------
 
     @contextmanager
-    def staged(self, stage: str, targets: tuple[str, ...]) -> Iterator["Staging"]:
+    def staged(self, stage: str, targets: tuple[str, ...],
+               passthrough: tuple[type[BaseException], ...] = ()) -> Iterator["Staging"]:
         """Build a stage's outputs in a staging area; commit them on a clean exit.
 
-        ``targets``: the top-level names the stage replaces as a whole (e.g. ``("eval", "index")``).
+        ``targets``: the names the stage replaces as a whole (e.g. ``("eval", "index")``; also files and
+        paths below the top, ``("report.html", "export/sft")``); ``passthrough``: exceptions the body
+        raises for a user's mistake, raised again as they are (after removing the staging area).
         The body writes through ``staging.out`` (a Store rooted at the staging area) and sets its
         ``run.json`` sections in ``staging.run_json``. Any exception leaves OUT as it was and is
         raised again as :class:`StageFailed` (``KeyboardInterrupt`` as itself).
@@ -360,12 +380,18 @@ class Store:
             yield st
             st.validate()
         except BaseException as exc:
-            _drop_area(self, st.area)
-            if not isinstance(exc, Exception):
+            try:
+                _drop_area(self, st.area)
+            except OSError:  # a full or read-only disk: the next run removes it
+                pass
+            if not isinstance(exc, Exception) or isinstance(exc, passthrough):
                 raise
             kept = [t for t in targets if self.exists(t)]
-            state = (f"{', '.join(self.display(t) + '/' for t in kept)} and run.json['{stage}'] are unchanged"
-                     if kept else "nothing was written")
+            state = (f"{', '.join(self.display(t) + ('/' if self._info(t).type == pafs.FileType.Directory else '') for t in kept)}"
+                     f" and run.json['{stage}'] are unchanged" if kept else "nothing was written")
+            inner = innermost(exc)
+            if is_write_error(inner):
+                raise StageFailed(f"{writable_error(self, inner)} ({state})") from exc
             raise StageFailed(f"failed: {describe_error(exc)} ({state})") from exc
         try:
             st.commit()
@@ -411,7 +437,7 @@ class Staging:
             got = self.out.read_metadata(rel).num_rows
             if got != rows:
                 raise StorageError(f"{self.out.display(rel)}: {rows} rows written, {got} read back")
-        stray = [f for f in present if f.split("/")[0] not in self.targets]
+        stray = [f for f in present if not any(_under(f, t) for t in self.targets)]
         if stray:
             raise StorageError(f"{self.stage}: wrote outside its outputs {self.targets}: {stray[0]}")
 
@@ -426,7 +452,7 @@ def _roll_forward(store: Store, area: str, manifest: dict[str, Any]) -> None:
     """Put a committed stage's files in place; every step may run again after a crash."""
     files = list(manifest["files"])
     for target in manifest["targets"]:
-        new = [f for f in files if f.split("/")[0] == target]
+        new = [f for f in files if _under(f, target)]
         if store.local:
             src, old = f"{area}/new/{target}", f"{area}/old/{target}"
             if store.exists(src) or not new:
@@ -447,6 +473,10 @@ def _roll_forward(store: Store, area: str, manifest: dict[str, Any]) -> None:
     for key, value in manifest.get("run_json", {}).items():
         store.update_run_json(key, value)
     _drop_area(store, area)
+
+
+def _under(f: str, target: str) -> bool:
+    return f == target or f.startswith(target.rstrip("/") + "/")
 
 
 def _drop_area(store: Store, area: str) -> None:
@@ -518,6 +548,19 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def innermost(exc: BaseException) -> BaseException:
+    """The innermost cause (Ray wraps a worker's error in its own)."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None)
+        inner = inner if isinstance(inner, BaseException) else exc.__cause__
+        if inner is None:
+            break
+        exc = inner
+    return exc
+
+
 def describe_error(exc: BaseException) -> str:
     """One line for the user: the innermost cause (Ray wraps a worker's error in its own)."""
     seen: set[int] = set()
@@ -530,6 +573,243 @@ def describe_error(exc: BaseException) -> str:
         exc = inner
     text = _first_line(exc)
     return text if isinstance(exc, StorageError) else f"{type(exc).__name__}: {text}"
+
+
+# --- one run at a time per OUT -------------------------------------------------------------
+
+LOCK = ".mdd.lock"
+_HELD: dict[str, int] = {}  # lock paths this process holds -> nesting depth (``mdd run`` calls the others)
+
+
+class LockHeld(StorageError):
+    """Another mdd run holds OUT's lock (the message names it: command, pid, host, start)."""
+
+
+def _proc_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (``/proc/PID/stat`` field 22): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(holder: dict[str, Any]) -> bool | None:
+    """Whether the holder still runs: True / False on this host, None when it cannot be told
+    (another host: its lock is left alone)."""
+    import socket
+
+    if holder.get("host") != socket.gethostname():
+        return None
+    try:
+        pid = int(holder.get("pid"))
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by another user
+        return True
+    except (TypeError, ValueError):
+        return False
+    start = holder.get("pid_start")
+    return not (start and _proc_start(pid) not in (None, start))  # the pid was reused by another process
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    return (f"`mdd {holder.get('command') or '?'}` (pid {holder.get('pid')} on {holder.get('host')}, "
+            f"started {holder.get('started')})")
+
+
+class RunLock:
+    """``OUT/.mdd.lock``: the holder's command, pid, host and start time, so that one mdd run at a
+    time writes an OUT. Taken with ``O_CREAT | O_EXCL`` on a local or NFS disk (atomic); on an
+    object store written when absent and read back (two runs starting in the same instant may both
+    believe they won: keep one run per prefix there). A lock whose holder is gone (same host, the
+    pid no longer runs, or runs another program) is stale: logged and taken over. Re-entrant within
+    one process (``mdd run`` calls synthesize, evaluate and report)."""
+
+    def __init__(self, store: Store, command: str) -> None:
+        self.store, self.command = store, command
+        self.key = store.path(LOCK) if store.local else store.display(LOCK)
+
+    def _mine(self) -> dict[str, Any]:
+        import datetime
+        import socket
+
+        pid = os.getpid()
+        return {"command": self.command, "pid": pid, "host": socket.gethostname(), "pid_start": _proc_start(pid),
+                "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+    def holder(self) -> dict[str, Any] | None:
+        try:
+            data = self.store.read_json(LOCK)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # being written, or damaged: judged by its age in _try
+        return data if isinstance(data, dict) else {}
+
+    def _create(self, data: dict[str, Any]) -> bool:
+        body = json.dumps(data, ensure_ascii=False).encode()
+        if self.store.local:
+            path = self.store.path(LOCK)
+            os.makedirs(posixpath.dirname(path), exist_ok=True)
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(body)
+            except BaseException:  # a full disk: no empty lock left behind
+                with suppress(OSError):
+                    os.unlink(path)
+                raise
+            return True
+        if self.store.exists(LOCK):
+            return False
+        self.store.write_bytes(LOCK, body)
+        return self.holder() == data
+
+    def _try(self) -> dict[str, Any] | None:
+        """None when taken; else the holder."""
+        mine = self._mine()
+        for _ in range(3):
+            if self._create(mine):
+                return None
+            holder = self.holder()
+            if holder is None:
+                continue  # released in between
+            if holder == {}:  # unreadable: a writer killed between create and write, if old enough
+                info = self.store._info(LOCK)
+                age = time.time() - (info.mtime.timestamp() if info.mtime else time.time())
+                if age < 10:
+                    return {"command": "?", "pid": "?", "host": "?", "started": "just now"}
+            elif _alive(holder) is not False:
+                return holder
+            log.warning("taking over the stale lock %s of %s (no longer running)", self.key,
+                        describe_holder(holder) if holder else "an unreadable lock file")
+            try:
+                self.store.delete(LOCK)
+            except FileNotFoundError:
+                pass
+        return self.holder() or {}
+
+    def acquire(self, wait: bool = False, poll_s: float = 1.0) -> None:
+        if _HELD.get(self.key):
+            _HELD[self.key] += 1
+            return
+        told = False
+        while (holder := self._try()) is not None:
+            if not wait:
+                raise LockHeld(f"{self.store.display()} is in use by {describe_holder(holder)}: wait for it to "
+                               f"finish, rerun with --wait, or use another --out")
+            if not told:
+                print(f"waiting for {describe_holder(holder)} to release {self.store.display()} ...", file=sys.stderr,
+                      flush=True)
+                told = True
+            time.sleep(poll_s)
+        _HELD[self.key] = 1
+        sweep_tmp(self.store)
+
+    def release(self) -> None:
+        n = _HELD.get(self.key, 0)
+        if n > 1:
+            _HELD[self.key] = n - 1
+            return
+        _HELD.pop(self.key, None)
+        holder = self.holder()
+        if holder and holder.get("pid") == os.getpid():
+            try:
+                self.store.delete(LOCK)
+            except OSError as exc:  # a read-only folder by now: the next run finds it stale
+                log.warning("could not remove %s: %s", self.key, _first_line(exc))
+
+
+@contextmanager
+def run_lock(out: "str | os.PathLike | Store", command: str, wait: bool = False,
+             create: bool = True) -> Iterator[Store]:
+    """Hold OUT's lock for the body (see :class:`RunLock`); :class:`LockHeld` when another run holds it.
+    ``create=False`` (commands that only add to a run): an OUT that does not exist is not made for
+    the lock; the body runs unlocked and says what is missing."""
+    store = open_store(out)
+    store.check_root()
+    if not create and not store.exists():
+        yield store
+        return
+    lock = RunLock(store, command)
+    try:
+        lock.acquire(wait)
+    except LockHeld:
+        raise
+    except OSError as exc:
+        raise writable_error(store, exc) from exc
+    try:
+        yield store
+    except OSError as exc:
+        if is_write_error(exc):
+            raise writable_error(store, exc) from exc
+        raise
+    finally:
+        lock.release()
+
+
+def sweep_tmp(store: Store) -> list[str]:
+    """Remove the hidden ``.name.tmp`` files a killed or failed local writer left under OUT (only
+    while holding its lock: no writer of this OUT is running). Folders with a lock of their own
+    (another OUT inside this one, e.g. ``rounds/1``) are left to their runs."""
+    if not store.local or not os.path.isdir(store.path()):
+        return []
+    removed = []
+    for dirpath, dirnames, filenames in os.walk(store.path()):
+        if dirpath != store.path() and LOCK in filenames:
+            dirnames[:] = []
+            continue
+        for name in filenames:
+            if name.startswith(".") and name.endswith(".tmp"):
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                    removed.append(os.path.relpath(os.path.join(dirpath, name), store.path()))
+                except OSError:
+                    pass
+    if removed:
+        log.info("removed %d temporary file(s) a previous run left in %s", len(removed), store.display())
+    return removed
+
+
+# --- a folder that cannot be written --------------------------------------------------------
+
+_WRITE_WORDS = ("read-only file system", "no space left", "disk quota exceeded", "permission denied")
+
+
+def is_write_error(exc: BaseException) -> bool:
+    """A read-only, full or forbidden OUT (an OSError, or pyarrow's, which may carry only the text)."""
+    import errno
+
+    if getattr(exc, "errno", None) in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM):
+        return True
+    return isinstance(exc, OSError) and any(w in str(exc).lower() for w in _WRITE_WORDS)
+
+
+def writable_error(store: Store, exc: BaseException) -> StorageError:
+    """One line for a write that failed on OUT: read-only, full, or not allowed; names the path and the fix."""
+    import errno
+
+    code = getattr(exc, "errno", None)
+    text = str(exc).lower()
+    if code is None:  # pyarrow's errors carry the reason as text only
+        code = next((c for w, c in zip(_WRITE_WORDS, (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES))
+                     if w in text), None)
+    where = getattr(exc, "filename", None) or store.display()
+    if code == errno.EROFS:
+        return StorageError(f"{where}: the file system is read-only; choose an --out on a writable disk "
+                            f"(or remount it read-write)")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return StorageError(f"{where}: no space left on the device; free some space or choose an --out on "
+                            f"another disk, then rerun (finished work is kept)")
+    if code in (errno.EACCES, errno.EPERM):
+        return StorageError(f"{where}: permission denied; make {store.display()} writable for this user or "
+                            f"choose another --out")
+    return StorageError(f"{where}: cannot write ({_first_line(exc)}); check the disk, or choose another --out")
 
 
 # --- the functions other modules call with a path or URI -----------------------------------

@@ -172,3 +172,72 @@ def test_search_cli(built, capsys):
 
 def test_search_without_index(tmp_path, capsys):
     assert search_main(["--out", str(tmp_path), "睡眠"]) == 2
+
+
+def _copy_index(built, tmp_path) -> Path:
+    import shutil
+
+    out, _ = built
+    dst = tmp_path / "run"
+    shutil.copytree(out / "index", dst / "index")
+    return dst
+
+
+def test_meta_holds_the_checksums_of_index_and_sidecar(built):
+    import hashlib
+
+    out, meta = built
+    assert meta["checksum"]["algorithm"] == "sha256"
+    for name in ("qa.faiss", "qa.parquet"):
+        assert meta["checksum"][name] == hashlib.sha256((out / "index" / name).read_bytes()).hexdigest()
+
+
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "bytes changed in place":
+        mid = len(data) // 2
+        data[mid:mid + 64] = bytes(255 - b for b in data[mid:mid + 64])
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["qa.faiss", "qa.parquet"])
+@pytest.mark.parametrize("how", ["bytes changed in place", "truncated"])
+@pytest.mark.parametrize("with_checksum", [True, False], ids=["checksum", "older-index-without-checksum"])
+def test_a_damaged_index_is_one_line_exit_2(built, tmp_path, capsys, name, how, with_checksum):
+    """Once `mdd search` printed scores like -3.7e32 for a changed index, and tracebacks for a truncated one."""
+    out = _copy_index(built, tmp_path)
+    if not with_checksum:
+        meta = json.loads((out / "index" / "meta.json").read_text(encoding="utf-8"))
+        del meta["checksum"]
+        (out / "index" / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        if how == "bytes changed in place":
+            pytest.skip("without a checksum a change in place is not detectable (what the checksum is for)")
+    _damage(out / "index" / name, how)
+    capsys.readouterr()
+    assert search_main(["--out", str(out), "-k", "3", "最近睡眠怎么样"]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in cap.err and "score=" not in cap.out, cap
+    assert f"index/{name}" in lines[0] and "mdd evaluate" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"a": 1}'])
+def test_a_damaged_meta_json_is_one_line_exit_2(built, tmp_path, capsys, text):
+    out = _copy_index(built, tmp_path)
+    (out / "index" / "meta.json").write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    assert search_main(["--out", str(out), "睡眠"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "index/meta.json" in err
+
+
+@pytest.mark.parametrize("k", ["0", "-3", "x"])
+def test_k_below_one_is_refused_by_the_parser(built, capsys, k):
+    out, _ = built
+    with pytest.raises(SystemExit) as e:
+        search_main(["--out", str(out), "-k", k, "睡眠"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument -k" in err and "empty index" not in err

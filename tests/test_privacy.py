@@ -162,3 +162,31 @@ def test_log_filter_masks_what_a_message_echoes(caplog):
     with caplog.at_level(logging.INFO):
         logger.info("case %s: bad value %s", "S01", "１３８-1234-5678")
     assert "[手机号已隐去]" in caplog.text and leaks(caplog.text, _data("13812345678")) == []
+
+
+def test_log_filter_keeps_timings_and_decimals(caplog):
+    """A vLLM pool's log dict once came out as {'start_s': [银行卡号已隐去]}: a decimal number or a
+    timing is a measurement, not an identifier; an identifier beside it is still masked."""
+    logger = logging.getLogger("mdd.test_privacy")
+    caplog.handler.addFilter(privacy.MaskingFilter())
+    info = {"index": 0, "model": "tiny", "start_s": 41.234567890123456, "pid": 4242, "t": 0.000123456789012,
+            "wall": 1723456789.123456, "started_ms": 1723456789123, "elapsed_ns": 1723456789123456789}
+    with caplog.at_level(logging.INFO):
+        logger.info("engine pool ready: %s; contact 13812345678", info)
+    text = caplog.text
+    assert "已隐去" in text and "13812345678" not in text  # the mobile
+    for v in ("start_s", "t", "wall", "started_ms", "elapsed_ns"):
+        assert f"'{v}': {info[v]!r}" in text, v
+    assert "[银行卡号已隐去]" not in text
+
+
+@pytest.mark.parametrize("text,kind", [("138.12345678", "[手机号已隐去]"), ("13812345678.5", "[手机号已隐去]"),
+                                       ("110101199003071234.0", "[身份证号已隐去]"),
+                                       ("6222.0212.3456.7890", "[银行卡号已隐去]")])
+def test_a_decimal_point_does_not_hide_an_identifier(text, kind):
+    assert kind in privacy.mask(text)
+
+
+def test_decimals_in_case_text_are_kept():
+    for text in ("体温36.5度", "评分 12345678901234.5", "耗时 0.000123456789012 秒"):
+        assert privacy.mask(text) == text

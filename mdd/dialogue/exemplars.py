@@ -41,7 +41,7 @@ def resolve_index(cfg: ExemplarConfig) -> ExemplarConfig:
     when the index cannot be used. Run in the driver before any work (dialogue workers open it)."""
     import os
 
-    from mdd.index import INDEX_DIR, INDEX_FILE, META_FILE
+    from mdd.index import INDEX_DIR, INDEX_FILE, META_FILE, verify
     from mdd.storage import StorageError, is_uri, open_store
 
     try:
@@ -50,6 +50,7 @@ def resolve_index(cfg: ExemplarConfig) -> ExemplarConfig:
             if not store.is_file(f"{INDEX_DIR}/{name}"):
                 raise ExemplarError(f"synth.dialogue.exemplars.index: {store.display(INDEX_DIR + '/' + name)} not found "
                                     "(run the evaluation there first: it writes the index)")
+        verify(store)  # IndexDamaged: a damaged index or sidecar, before any dialogue runs
     except ExemplarError:
         raise
     except (StorageError, OSError, ValueError) as exc:

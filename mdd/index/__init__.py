@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from mdd.storage import Store, open_store
+from mdd.storage import StorageError, Store, open_store
 
 INDEX_DIR = "index"
 INDEX_FILE = "qa.faiss"
@@ -125,6 +125,37 @@ def _local_copy(store: Store, rel: str) -> str:
     return path
 
 
+class IndexDamaged(StorageError):
+    """The index, its sidecar or meta.json cannot be trusted (one line: which file and the fix)."""
+
+
+def _rebuild(store: Store) -> str:
+    return f"rebuild it with `mdd evaluate --out {store.display()} --full`"
+
+
+def verify(store: Store) -> dict:
+    """``index/meta.json``, once the index file and the sidecar match the checksums it holds:
+    :class:`IndexDamaged` naming the file otherwise (an index written before checksums is taken as it is)."""
+    meta_rel = f"{INDEX_DIR}/{META_FILE}"
+    try:
+        meta = store.read_json(meta_rel)
+        if not isinstance(meta, dict) or "embedder" not in meta:
+            raise ValueError("not an index description")
+    except FileNotFoundError:
+        raise IndexDamaged(f"{store.display(meta_rel)}: missing; {_rebuild(store)}") from None
+    except (OSError, ValueError) as exc:
+        raise IndexDamaged(f"{store.display(meta_rel)}: unreadable ({type(exc).__name__}); {_rebuild(store)}") from None
+    sums = meta.get("checksum") or {}
+    for name in (INDEX_FILE, SIDECAR_FILE):
+        rel = f"{INDEX_DIR}/{name}"
+        if not store.is_file(rel):
+            raise IndexDamaged(f"{store.display(rel)}: missing; {_rebuild(store)}")
+        if name in sums and store.sha256(rel) != sums[name]:
+            raise IndexDamaged(f"{store.display(rel)}: damaged (its SHA-256 differs from the one in "
+                               f"{META_FILE}); {_rebuild(store)}")
+    return meta
+
+
 class Searcher:
     """The index memory-mapped, its sidecar's footer and the embedder; ``search`` many times. Sidecar
     rows are read by row group, only for the hits (``all_rows`` reads them all, for exemplars)."""
@@ -139,15 +170,27 @@ class Searcher:
         path = f"{INDEX_DIR}/{INDEX_FILE}"
         if not self.store.is_file(path):
             raise FileNotFoundError(f"{self.store.display(path)}: no index; run the evaluate stage first")
-        self.meta = self.store.read_json(f"{INDEX_DIR}/{META_FILE}")
+        self.meta = verify(self.store)
         local = _local_copy(self.store, path)
-        self.index = faiss.read_index(local, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) if mmap else \
-            faiss.read_index(local)
+        try:
+            self.index = faiss.read_index(local, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) if mmap else \
+                faiss.read_index(local)
+        except RuntimeError as exc:  # faiss reports a truncated or foreign file so
+            raise IndexDamaged(f"{self.store.display(path)}: not a readable FAISS index "
+                               f"({str(exc).strip().splitlines()[-1][:120]}); {_rebuild(self.store)}") from None
         if self.meta.get("nprobe"):
             faiss.extract_index_ivf(self.index).nprobe = int(self.meta["nprobe"])
-        self._file = self.store.fs.open_input_file(self.store.path(f"{INDEX_DIR}/{SIDECAR_FILE}"))
-        self.sidecar = pq.ParquetFile(self._file)
+        side = f"{INDEX_DIR}/{SIDECAR_FILE}"
+        try:
+            self._file = self.store.fs.open_input_file(self.store.path(side))
+            self.sidecar = pq.ParquetFile(self._file)
+        except (OSError, pa.ArrowException) as exc:
+            raise IndexDamaged(f"{self.store.display(side)}: not readable Parquet ({type(exc).__name__}); "
+                               f"{_rebuild(self.store)}") from None
         md = self.sidecar.metadata
+        if md.num_rows != self.index.ntotal:
+            raise IndexDamaged(f"{self.store.display(side)}: {md.num_rows} rows for {self.index.ntotal} vectors in "
+                               f"{INDEX_FILE}; {_rebuild(self.store)}")
         self._starts = list(np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)]))
         self.embedder = make_embedder(self.meta["embedder"], self.meta.get("embedder_model"))
         self._direct_map = False

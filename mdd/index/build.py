@@ -17,6 +17,8 @@ bytes per pair.
 """
 from __future__ import annotations
 
+import hashlib
+
 import math
 import time
 from typing import Any, Callable, Iterator
@@ -181,7 +183,10 @@ def build(dst: Any, parts: Parts, cfg: Any, embedder_name: str, embedder_model: 
             "compaction_recall_at_10": compaction, "near_duplicates": dup,
             "bytes": {"index": sizes.get(INDEX_FILE, 0), "sidecar": sizes.get(SIDECAR_FILE, 0),
                       "per_pair": round((sizes.get(INDEX_FILE, 0) + sizes.get(SIDECAR_FILE, 0)) / n, 1) if n else None},
-            "build_s": round(time.perf_counter() - t0, 3)}
+            "build_s": round(time.perf_counter() - t0, 3),
+            # what a search verifies before it trusts the files (mdd.index.Searcher)
+            "checksum": {"algorithm": "sha256", INDEX_FILE: hashlib.sha256(blob.tobytes()).hexdigest(),
+                         SIDECAR_FILE: dst.sha256(f"{INDEX_DIR}/{SIDECAR_FILE}")}}
     dst.write_json(f"{INDEX_DIR}/{META_FILE}", meta)
     return meta
 

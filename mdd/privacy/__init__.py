@@ -212,8 +212,32 @@ def classify_digits(digits: str, plus: bool = False, x: bool = False) -> str | N
     return None
 
 
+_DECIMAL = re.compile(r"([0-9]+)\.([0-9]+)")
+
+
+def _decimal(m: re.Match[str]) -> Iterable[Hit] | None:
+    """A run written as one decimal number (``1723456789.123456``, a timing or a score in a log
+    line) is a measurement, not an identifier: None when it is not one. Its integer part alone is
+    still checked (a mobile or an ID number with ``.5`` glued on is masked), and so is the whole
+    when the dot splits a phone number (``138.12345678``); its fraction alone never counts."""
+    d = _DECIMAL.fullmatch(m.group())
+    if d is None:
+        return None
+    whole, frac = d.group(1), d.group(2)
+    kind = classify_digits(whole)
+    if kind in ("mobile", "landline", "id_card"):
+        return [Hit(m.start(), m.start() + len(whole), kind)]
+    if 3 <= len(whole) <= 4 and classify_digits(whole + frac) in ("mobile", "landline"):
+        return [Hit(m.start(), m.end(), classify_digits(whole + frac) or "number")]
+    return []
+
+
 def _runs(norm: str) -> Iterable[Hit]:
     for m in _RUN.finditer(norm):
+        decimal = _decimal(m)
+        if decimal is not None:
+            yield from decimal
+            continue
         text = m.group()
         x = text[-1] in "Xx"
         groups = [(g.start() + m.start(), g.end() + m.start(), g.group()) for g in _GROUP.finditer(text)]
@@ -486,16 +510,35 @@ def default() -> Deidentifier:
     return Deidentifier(_key_from_env("MDD_PRIVACY_KEY") or _PROCESS_KEY)
 
 
+# a timing in a log line: the value of an ASCII key named as one ('start_s': 123, elapsed_ms=5, 't0': ...)
+_TIMING = re.compile(r"(?i)(?<![A-Za-z0-9_])['\"]?[A-Za-z_]*(?:_s|_ms|_us|_ns|_sec|_secs|seconds|time|_ts|_at|"
+                     r"elapsed|duration|started|finished|t0|t1)['\"]?\s*[:=]\s*(-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?)"
+                     r"(?![0-9A-Za-z])")
+
+
+def mask_log(text: str) -> str:
+    """``mask`` for a log line: a timing (the value of a key such as ``'start_s'`` or
+    ``elapsed_ms=``) is a measurement and stays as it is; decimals stay anywhere (``_decimal``)."""
+    parts, last = [], 0
+    for m in _TIMING.finditer(text):
+        parts.append(mask(text[last:m.start(1)]))
+        parts.append(m.group(1))
+        last = m.end(1)
+    parts.append(mask(text[last:]))
+    return "".join(parts)
+
+
 class MaskingFilter(logging.Filter):
     """Masks personal data in every log record that passes through (a last line of defence:
-    messages are written not to echo input in the first place)."""
+    messages are written not to echo input in the first place). Timings and decimal numbers are
+    not identifiers and are left alone (``mask_log``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             msg = record.getMessage()
         except Exception:  # a malformed record: let logging report it as usual
             return True
-        masked = mask(msg)
+        masked = mask_log(msg)
         if masked != msg:
             record.msg, record.args = masked, None
         return True

@@ -174,10 +174,12 @@ def limitations(run: RunData, engine: str | None, model: str | None) -> list[str
     return items
 
 
-def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: str | os.PathLike | None = None) -> str:
+def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: str | os.PathLike | None = None,
+               dest: Store | None = None, sections: dict[str, Any] | None = None) -> str:
     """Write ``OUT/README.md``; ``cfg`` (a ``Config``) gives the licence and title (else from run.json).
-    Returns where it is."""
-    run = RunData(out)
+    ``dest``: write it there instead (a staging area); ``sections``: run.json sections being written
+    with it (the new report or export), read as if committed. Returns where it goes."""
+    run = RunData(out, sections)
     store = run.store
     syn = run.section("synthesize") or {}
     conf = syn.get("config") or {}
@@ -286,7 +288,7 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
         "}",
         "```", "",
     ]
-    store.write_text(CARD_FILE, "\n".join(parts))
+    (dest or store).write_text(CARD_FILE, "\n".join(parts))
     return store.display(CARD_FILE)
 
 

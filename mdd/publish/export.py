@@ -122,8 +122,10 @@ def _relation(value: Any) -> str | None:
     return str(value) if value not in (None, "", False, True) else None
 
 
-def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters()) -> dict[str, Any]:
-    """Write the export of ``OUT``; returns its summary (also ``run.json['export'][fmt]``)."""
+def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters(),
+           dest: Store | None = None) -> dict[str, Any]:
+    """Write the export of ``OUT``; returns its summary (also ``run.json['export'][fmt]``). ``dest``:
+    write the files there instead (a staging area, ``jobs.export``), run.json left to the caller."""
     if fmt not in FORMATS:
         raise ExportError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     run = RunData(out)
@@ -193,18 +195,21 @@ def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters(
     schema = SFT_ROW if fmt == "sft" else SHAREGPT_ROW
     folder = f"export/{fmt}"
     files = [f"{folder}/part-{k:05d}.parquet" for k in range(max(1, -(-len(rows) // SHARD_ROWS)))]
-    for old in store.files(folder, ".parquet"):  # a smaller export than the last one leaves no stale shard behind
-        if f"{folder}/{old}" not in files:
-            store.delete(f"{folder}/{old}")
+    sink = dest or store
+    if dest is None:
+        for old in store.files(folder, ".parquet"):  # a smaller export than the last one leaves no stale shard behind
+            if f"{folder}/{old}" not in files:
+                store.delete(f"{folder}/{old}")
     for k, rel in enumerate(files):
-        store.write_table(pa.Table.from_pylist(rows[k * SHARD_ROWS:(k + 1) * SHARD_ROWS], schema=schema), rel)
-    store.write_text(f"export/{fmt}.jsonl", "".join(json.dumps(_jsonl(r), ensure_ascii=False) + "\n" for r in rows))
+        sink.write_table(pa.Table.from_pylist(rows[k * SHARD_ROWS:(k + 1) * SHARD_ROWS], schema=schema), rel)
+    sink.write_text(f"export/{fmt}.jsonl", "".join(json.dumps(_jsonl(r), ensure_ascii=False) + "\n" for r in rows))
     files.append(f"export/{fmt}.jsonl")
     summary = {"rows": len(rows), "dropped": dict(sorted(dropped.items())), "filters": filters.as_dict(),
                "assistant_messages": {"trained": trained, "masked": masked}, "files": files}
-    section = run.section("export") or {}
-    section[fmt] = summary
-    store.update_run_json("export", section)
+    if dest is None:
+        section = run.section("export") or {}
+        section[fmt] = summary
+        store.update_run_json("export", section)
     return summary
 
 

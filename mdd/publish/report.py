@@ -29,11 +29,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from mdd.publish import plots
 from mdd.publish.run_data import RunData, usage_by_model
 from mdd.publish.stats import headline, icd_prefix, reference, rule_counts, shape
 from mdd.schema import METRICS
-from mdd.storage import Store
+from mdd.storage import StorageError, Store
 
 log = logging.getLogger("mdd.publish")
 
@@ -422,10 +424,16 @@ for(var i=0;i<im.length;i++){if(im[i].complete&&im[i].naturalWidth>0){ok++;}}
 document.body.setAttribute('data-images',im.length);document.body.setAttribute('data-images-loaded',ok);});"""
 
 
-def build_report(out: str | os.PathLike | Store, reference_path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Write ``OUT/report.html`` and ``OUT/report/*.png``; returns what was written (also in run.json['report'])."""
+def build_report(out: str | os.PathLike | Store, reference_path: str | os.PathLike | None = None,
+                 dest: Store | None = None) -> dict[str, Any]:
+    """Write ``OUT/report.html`` and ``OUT/report/*.png``; returns what was written (also in run.json['report']).
+
+    ``dest``: where to write instead (a staging area, ``jobs.report.publish``): then run.json is left
+    to the caller. A panel that meets an unreadable file or a failed write fails the whole report
+    (raised), so that a report of failed panels never replaces a good one."""
     run = RunData(out)
     store = run.store
+    sink = dest or store
     ctx = Context(run=run, ref=reference(reference_path))
     sections, figures, status = [], [], {}
     for i, (key, title, fn) in enumerate(PANELS):
@@ -435,7 +443,7 @@ def build_report(out: str | os.PathLike | Store, reference_path: str | os.PathLi
             for stem, fig in p.figures:
                 name = f"{i:02d}-{stem}.png"
                 data = plots.png_bytes(fig)
-                store.write_bytes(f"{FIGURE_DIR}/{name}", data)
+                sink.write_bytes(f"{FIGURE_DIR}/{name}", data)
                 figures.append(name)
                 b64 = base64.b64encode(data).decode("ascii")
                 body += f"<img alt='{esc(stem)}' src='data:image/png;base64,{b64}'>"
@@ -444,6 +452,8 @@ def build_report(out: str | os.PathLike | Store, reference_path: str | os.PathLi
         except NotAvailable as exc:
             body = f"<p class='na'>Not available: {esc(exc)}</p>"
             status[key] = f"not available: {exc}"
+        except (OSError, pa.ArrowException, StorageError):  # a damaged input or a failed write: the report fails whole
+            raise
         except Exception as exc:  # noqa: BLE001 - one broken panel must not cost the whole report
             log.warning("report panel %s failed: %s: %s", key, type(exc).__name__, exc, exc_info=True)
             body = f"<p class='na'>This panel failed: {esc(type(exc).__name__)}: {esc(exc)}</p>"
@@ -454,11 +464,13 @@ def build_report(out: str | os.PathLike | Store, reference_path: str | os.PathLi
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>mdd run report: {esc(name)}</title>"
             f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>mdd run report: {esc(name)}</h1>"
             f"<p class='note'>{esc(store.display())}</p><nav>{nav}</nav>{''.join(sections)}{_other_sections(ctx)}</body></html>")
-    store.write_text(REPORT_FILE, page)
-    for old in store.files(FIGURE_DIR, ".png"):  # figures of an earlier report that this one lacks
-        if old not in figures:
-            store.delete(f"{FIGURE_DIR}/{old}")
+    sink.write_text(REPORT_FILE, page)
+    if dest is None:
+        for old in store.files(FIGURE_DIR, ".png"):  # figures of an earlier report that this one lacks
+            if old not in figures:
+                store.delete(f"{FIGURE_DIR}/{old}")
     summary = {"file": REPORT_FILE, "figures": [f"{FIGURE_DIR}/{f}" for f in figures], "panels": status,
                "headline": headline(run, ctx.ref)}
-    store.update_run_json("report", summary)
+    if dest is None:
+        store.update_run_json("report", summary)
     return summary

@@ -12,22 +12,48 @@ from typing import Any
 import pyarrow as pa
 
 from mdd import knowledge
-from mdd.storage import Store, open_store
+from mdd.storage import StorageError, Store, open_store
 
 SYNTH_COLUMNS_SKIPPED = ("experience",)  # long free text no reader here needs
 
 
 class RunData:
-    def __init__(self, out: str | os.PathLike | Store):
+    def __init__(self, out: str | os.PathLike | Store, sections: dict[str, Any] | None = None):
         self.store = open_store(out)
+        self.sections = sections or {}  # run.json sections being written (staged) that readers should see
 
     @cached_property
     def run_json(self) -> dict[str, Any]:
-        return self.store.read_run_json()
+        return {**self.store.read_run_json(), **self.sections}
 
     def table(self, rel: str, columns: list[str] | None = None) -> pa.Table | None:
-        """The Parquet file or folder ``rel`` under OUT; None when absent."""
-        return self.store.read_table(rel, columns) if self.store.parquet_files(rel) else None
+        """The Parquet file or folder ``rel`` under OUT; None when absent. A file that cannot be read
+        is a ``StorageError`` naming it and the command that writes it again."""
+        files = self.store.parquet_files(rel)
+        if not files:
+            return None
+        for f in files:
+            try:
+                self.store.read_metadata(f)
+            except (OSError, pa.ArrowException) as exc:
+                raise _unreadable(self.store, f, exc) from None
+        try:
+            return self.store.read_table(rel, columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise _unreadable(self.store, rel, exc) from None
+
+    def check_readable(self, tops: tuple[str, ...] = ("eval", "cases.parquet", "rejects.parquet",
+                                                       "failures.parquet")) -> None:
+        """Every Parquet footer under ``tops`` reads (``synth/`` is checked by ``dialogue_shards``):
+        a ``StorageError`` naming the first file that does not, before anything is written."""
+        for top in tops:
+            files = [top] if self.store.is_file(top) else \
+                [f"{top}/{f}" for f in self.store.files(top, ".parquet", recursive=True)]
+            for f in files:
+                try:
+                    self.store.read_metadata(f)
+                except (OSError, pa.ArrowException) as exc:
+                    raise _unreadable(self.store, f, exc) from None
 
     def section(self, *keys: str) -> Any:
         """``run_json[k1][k2]…`` or None."""
@@ -72,6 +98,16 @@ class RunData:
     def column(self, table: str, name: str) -> list | None:
         t = getattr(self, table)
         return t.column(name).to_pylist() if t is not None and name in t.column_names else None
+
+
+def _unreadable(store: Store, rel: str, exc: BaseException) -> StorageError:
+    top = rel.split("/")[0]
+    fix = {"eval": f"mdd evaluate --out {store.display()} --full", "index": f"mdd evaluate --out {store.display()} --full",
+           "synth": f"mdd synthesize --out {store.display()} (it quarantines the file and writes its dialogues again)"
+           }.get(top, f"mdd synthesize --out {store.display()}")
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    return StorageError(f"{store.display(rel)} cannot be read ({type(exc).__name__}: {reason}); write it again "
+                        f"with `{fix}`")
 
 
 USAGE_FIELDS = ("calls", "prompt_tokens", "output_tokens", "cached_tokens")

@@ -203,6 +203,7 @@ def test_guard_matters_closing_alone_is_near_perfect_the_guarded_interview_is_no
     four = rep["tasks"]["four"]
     assert four["leakage"]["closing_only"]["macro_f1"] >= 0.95
     assert four["leakage"]["interview"]["macro_f1"] < 0.45
+    assert four["leakage"]["doctor_only"]["macro_f1"] < 0.45 and four["leakage"]["patient_only"]["macro_f1"] < 0.45
     assert four["tstr"]["macro_f1"] < 0.45 and not four["tstr"]["beats_majority"]
     # without the guard (the closing left in the interview), the same classifier reads the answer
     items = [U.prepare(r) for r in run]

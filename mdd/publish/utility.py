@@ -15,8 +15,8 @@ anxiety, mixed anxiety-depression, other). For each task, in one run:
   fall to chance;
 - ``chance``: label-blind guessing with the training label frequencies (the band the control should hit);
 
-each with accuracy and macro-F1 and a bootstrap 95% interval that resamples reference *cases* (the
-dialogues of one patient are not independent), plus per-class F1, the confusion matrix, a learning curve
+each with accuracy and macro-F1 and a bootstrap 95% interval that resamples reference *cases* within
+their class (the dialogues of one patient are not independent), plus per-class F1, the confusion matrix, a learning curve
 over four training sizes, the doctor-only and patient-only views, and a leakage check.
 
 No leakage: the classifier sees the interview before the closing. The doctor's closing turn (topic
@@ -295,12 +295,13 @@ def model_factory(spec: str = DEFAULT_MODEL, seed: int = 0) -> Callable[[], Clas
 # --- metrics ------------------------------------------------------------------------------
 
 def _f1s(conf: np.ndarray) -> np.ndarray:
-    """Per-class F1 of confusion matrices (..., k, k), rows true; NaN for a class absent from the truth."""
+    """Per-class F1 of confusion matrices (..., k, k), rows true; NaN for a class neither in the truth nor
+    predicted (macro-F1 is then over the classes true or predicted, as scikit-learn's default)."""
     tp = np.diagonal(conf, axis1=-2, axis2=-1).astype(float)
     support, predicted = conf.sum(-1), conf.sum(-2)
     denom = support + predicted
     f1 = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
-    return np.where(support > 0, f1, np.nan)
+    return np.where(denom > 0, f1, np.nan)  # a class neither true nor predicted does not count
 
 
 def confusion(y_true: Sequence[str], y_pred: Sequence[str], classes: Sequence[str]) -> np.ndarray:
@@ -312,13 +313,15 @@ def confusion(y_true: Sequence[str], y_pred: Sequence[str], classes: Sequence[st
 
 
 def macro_f1(y_true: Sequence[str], y_pred: Sequence[str], classes: Sequence[str]) -> float:
-    """Macro-F1 over the classes present in ``y_true``."""
+    """Macro-F1 over the classes present in ``y_true`` or ``y_pred``."""
     return float(np.nanmean(_f1s(confusion(y_true, y_pred, classes))))
 
 
 def scores(y_true: Sequence[str], y_pred: Sequence[str], groups: Sequence[str], classes: Sequence[str], *,
            n_boot: int, seed: int, n_train: int) -> dict[str, Any]:
-    """Accuracy and macro-F1 with percentile 95% intervals from a bootstrap over ``groups`` (cases)."""
+    """Accuracy and macro-F1 with percentile 95% intervals from a bootstrap over ``groups`` (cases), drawn
+    within each true class (stratified: with a handful of cases per class, a plain draw would often lose
+    a class and report a one-class macro-F1). A case whose dialogues carry several labels counts in each."""
     k = len(classes)
     conf = confusion(y_true, y_pred, classes)
     out: dict[str, Any] = {"macro_f1": float(np.nanmean(_f1s(conf))), "macro_f1_ci": None,
@@ -332,9 +335,15 @@ def scores(y_true: Sequence[str], y_pred: Sequence[str], groups: Sequence[str], 
         for t, p, g in zip(y_true, y_pred, groups):
             per_group[gi[g], cls[t] * k + cls[p]] += 1
         rng = np.random.default_rng(seed)
-        draws = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
+        strata: dict[str, list[int]] = {}  # a case's class: cases are drawn within their class
+        for t, g in zip(y_true, groups):
+            if gi[g] not in strata.setdefault(t, []):
+                strata[t].append(gi[g])
         counts = np.zeros((n_boot, len(uniq)))
-        np.add.at(counts, (np.arange(n_boot)[:, None], draws), 1)
+        rows = np.arange(n_boot)[:, None]
+        for members in strata.values():
+            m = np.asarray(members)
+            np.add.at(counts, (rows, m[rng.integers(0, len(m), size=(n_boot, len(m)))]), 1)
         boot = (counts @ per_group).reshape(n_boot, k, k)
         with np.errstate(all="ignore"):
             f1 = np.nanmean(_f1s(boot), axis=-1)
@@ -528,13 +537,17 @@ def learning_curve(train: list[Item], y_train: list[str], test: list[Item], y_te
 def leakage_check(train: list[Item], y_train: list[str], make: Callable[[], Classifier],
                   s: Settings) -> dict[str, Any] | None:
     """Cross-validated on the run's own dialogues, split by case: the dropped closing alone against the
-    guarded interview. A closing that names the diagnosis is near-perfect; the guard keeps it out."""
+    guarded interview. A closing that names the diagnosis is near-perfect; the guard keeps it out. The
+    doctor's and the patient's turns alone, too: a doctor whose questions follow the diagnosis (an agenda
+    keyed to the case's checklist) gives the label away inside the run without it carrying to real data."""
     groups = [it.case_id for it in train]
     if len(set(groups)) < 2:
         return None
     classes = sorted(set(y_train))
     out: dict[str, Any] = {"dialogues_with_closing": sum(1 for it in train if it.closing)}
-    for name, texts in (("closing_only", [it.closing for it in train]), ("interview", [it.views["full"] for it in train])):
+    views = (("closing_only", [it.closing for it in train]), ("interview", [it.views["full"] for it in train]),
+             ("doctor_only", [it.views["doctor"] for it in train]), ("patient_only", [it.views["patient"] for it in train]))
+    for name, texts in views:
         if name == "closing_only" and not out["dialogues_with_closing"]:
             out[name] = None
             continue
@@ -603,7 +616,7 @@ def _utility(run_rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], s: 
     return {"tasks": tasks,
             "guard": {"run": run_stats, "reference": ref_stats, "closings_in_classifier_input": leaked,
                       "closing_topic": book()["closing_topic"], "closing_patterns": book()["closing_patterns"]},
-            "settings": {"model": s.model, "seed": s.seed, "bootstrap": s.n_boot, "bootstrap_unit": "reference case",
+            "settings": {"model": s.model, "seed": s.seed, "bootstrap": s.n_boot, "bootstrap_unit": "reference case, drawn within its class",
                          "folds": s.folds, "permutations": s.permutations, "learning_fractions": list(s.fractions),
                          "learning_repeats": s.repeats, "labels": f"mdd/knowledge/{LABELS_FILE}", **s.extras}}
 

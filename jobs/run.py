@@ -1,6 +1,6 @@
 """The main job: synthesize, evaluate, then write the report and the dataset card.
 
-    python -m jobs.run --config configs/local.yaml [--out DIR] [--reference REF] [--exemplars DIR] [--rounds N]
+    python -m jobs.run --config configs/local.yaml [--out DIR] [--reference REF] [--exemplars DIR] [--rounds N] [--utility REF]
 
 Exit codes are synthesize's (``python -m jobs.synthesize --help``); the evaluation runs after a
 synthesis that exits 0 or 3 (``--strict``, partial), and its own failure wins.
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--reference", help="dialogue table the report compares with (default: the published MDD-5k figures)")
+    p.add_argument("--utility", metavar="REF", help="labelled real dialogues (a jobs.import_mdd5k folder): train a "
+                   "diagnosis classifier on this run's dialogues and test on them before the report (mdd utility)")
     p.add_argument("--exemplars", help="a run folder whose index/ gives the doctor exemplars (round 1 with --rounds)")
     p.add_argument("--rounds", type=int, default=1, help="synthesize-evaluate rounds; each round after the first "
                    "takes exemplars from the previous round's index")
@@ -76,6 +78,10 @@ def _rounds(args: argparse.Namespace, cfg, out: str) -> int:
             return synth_rc
         try:
             rc = evaluate.main(common)
+            if rc == 0 and r == args.rounds and args.utility:
+                from jobs import utility
+
+                rc = utility.main(["--out", out, "--reference", args.utility])
             if rc == 0 and r == args.rounds and cfg.publish.report:
                 rc = report.publish(cfg, out, args.reference)
         except KeyboardInterrupt:

@@ -259,6 +259,7 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
                  {"figure": "LLM calls per exchange", "value": h.get("llm_calls_per_exchange")},
                  {"figure": "cases rejected", "value": h.get("cases_rejected")},
                  {"figure": "dialogues failed", "value": h.get("dialogues_failed")}]
+    fig_rows += _utility_rows(run)
     parts += ["## Figures", "", f"Reference: {ref.get('label') or 'MDD-5k'}.", "",
               _md_table([{k: _fmt(v) for k, v in r.items()} for r in fig_rows if r.get("value") is not None],
                         ["figure", "value", "reference"]), ""]
@@ -290,6 +291,25 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
     ]
     (dest or store).write_text(CARD_FILE, "\n".join(parts))
     return store.display(CARD_FILE)
+
+
+def _utility_rows(run: RunData) -> list[dict[str, Any]]:
+    """One line per task of ``mdd utility``: macro-F1 of a classifier trained on these dialogues, tested on
+    real ones, with its 95% interval; the reference column holds train-on-real and the majority class."""
+    u = run.section("utility") or {}
+    rows = []
+    for task in ("four", "binary"):
+        t = u.get(task) or {}
+        tstr, trtr, maj = t.get("tstr"), t.get("trtr"), t.get("majority")
+        if not tstr:
+            continue
+        ci = tstr.get("macro_f1_ci")
+        ref = [f"train on real {trtr['macro_f1']:.2f}" if trtr else None,
+               f"majority {maj['macro_f1']:.2f}" if maj else None]
+        rows.append({"figure": f"diagnosis macro-F1 ({task}), trained here, tested on {tstr['n_test']} real dialogues",
+                     "value": f"{tstr['macro_f1']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
+                     "reference": ", ".join(x for x in ref if x)})
+    return rows
 
 
 def _export_section(run: RunData) -> list[str]:

@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -196,6 +197,53 @@ def small_multiples(series: Mapping[str, Sequence[float]], *, title: str = "", n
             ax.axvline(marks[names[k]], color=REF, linestyle="--", linewidth=1.5)
         ax.set_title(f"{names[k]} (mean {vals.mean():.2f})" if len(vals) else f"{names[k]} (unknown)", fontsize=8)
         ax.tick_params(labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def learning_curves(tasks: Mapping[str, Mapping], *, title: str = "") -> Figure:
+    """Per task: TSTR macro-F1 against training dialogues (mean, ±1 sd band) with the train-on-real
+    ceiling, the majority class and the shuffled-label control as lines (``mdd utility``'s report)."""
+    n = max(len(tasks), 1)
+    fig, axes = _fig(4.2 * n, 3.4, ncols=n)
+    for ax, (name, t) in zip(axes[0], tasks.items()):
+        pts = t["learning_curve"]
+        x = [p["n_train"] for p in pts]
+        y = np.array([p["macro_f1"] for p in pts])
+        sd = np.array([p["macro_f1_sd"] for p in pts])
+        ax.plot(x, y, "o-", color=OURS, label="train on synthetic")
+        ax.fill_between(x, y - sd, y + sd, color=OURS, alpha=0.15, linewidth=0)
+        for key, color, style, label in (("trtr", REF, "-", "train on real (CV)"), ("majority", "#7f7f7f", "--",
+                                         "majority class"), ("shuffled", "#b6443d", ":", "shuffled labels")):
+            if t.get(key):
+                ax.axhline(t[key]["macro_f1"], color=color, linestyle=style, linewidth=1.2, label=label)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("training dialogues (run)")
+        ax.set_ylabel("macro-F1 on the reference")
+        ax.set_title(name, fontsize=10)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def confusions(mats: Mapping[str, tuple[Sequence[str], Sequence[Sequence[int]]]], *, title: str = "") -> Figure:
+    """Confusion matrices side by side (rows: true class, columns: predicted), counts in the cells."""
+    n = max(len(mats), 1)
+    fig, axes = _fig(3.4 * n, 3.4, ncols=n)
+    for ax, (name, (labels, m)) in zip(axes[0], mats.items()):
+        a = np.asarray(m, dtype=float)
+        ax.imshow(a / np.maximum(a.sum(1, keepdims=True), 1), cmap="Blues", vmin=0, vmax=1)
+        for i in range(a.shape[0]):
+            for j in range(a.shape[1]):
+                ax.text(j, i, f"{int(a[i, j])}", ha="center", va="center", fontsize=8,
+                        color="white" if a[i, j] > 0.6 * max(a[i].sum(), 1) else "black")
+        ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xlabel("predicted", fontsize=8)
+        ax.set_ylabel("true", fontsize=8)
+        ax.set_title(name, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=11)
     return fig

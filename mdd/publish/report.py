@@ -394,6 +394,53 @@ def _exemplars(ctx: Context) -> Panel:
         "index/qa.parquet.")])
 
 
+@panel("utility", "Does the data teach? Train on synthetic, test on real")
+def _utility(ctx: Context) -> Panel:
+    from mdd.publish.utility import UTILITY_FILE
+
+    if not ctx.run.store.is_file(UTILITY_FILE):  # a separate command: said, as the coverage table is
+        return Panel(blocks=[note(f"Not computed for this run (no {UTILITY_FILE}): mdd utility --out OUT --reference "
+                                  "REF, or mdd run --utility REF, with REF a jobs.import_mdd5k folder.")])
+    ctx.consumed.add("utility")
+    u = ctx.run.store.read_json(UTILITY_FILE)
+    tasks = {k: t for k, t in (u.get("tasks") or {}).items() if t.get("available")}
+    blocks = [note(f"A {u['settings']['model']} diagnosis classifier trained on this run's dialogues (the interview "
+                   f"before the doctor's closing), tested on {u['settings'].get('reference')}; train-on-real is "
+                   "cross-validated by case (the ceiling); 95% intervals resample reference cases.")]
+    rows = []
+    for name, t in (u.get("tasks") or {}).items():
+        if not t.get("available"):
+            rows.append({"task": name, "comparison": f"not available: {t.get('reason')}"})
+            continue
+        for key in ("tstr", "trtr", "majority", "shuffled"):
+            m = t.get(key)
+            if m:
+                ci = m.get("macro_f1_ci")
+                rows.append({"task": name, "comparison": key, "macro-F1": m["macro_f1"],
+                             "95% CI": f"{ci[0]:.2f}–{ci[1]:.2f}" if ci else None, "accuracy": m["accuracy"],
+                             "n_train": m["n_train"], "n_test": m["n_test"]})
+        rows.append({"task": name, "comparison": "chance (label-blind)", "macro-F1": t["chance"]["macro_f1"]})
+        for view, v in (t.get("views") or {}).items():
+            rows.append({"task": name, "comparison": f"{view} turns only: tstr / trtr",
+                         "macro-F1": f"{v['tstr']['macro_f1']:.3f} / "
+                                     + (f"{v['trtr']['macro_f1']:.3f}" if v.get("trtr") else "–")})
+    blocks.append(html_table(rows, ["task", "comparison", "macro-F1", "95% CI", "accuracy", "n_train", "n_test"]))
+    if not tasks:
+        return Panel(blocks=blocks)
+    g = u.get("guard") or {}
+    blocks.append(note(f"Leakage guard: closing turns dropped {(g.get('run') or {}).get('closing_turns_dropped')} "
+                       f"(run), {(g.get('reference') or {}).get('closing_turns_dropped')} (reference); diagnosis words "
+                       f"masked {(g.get('run') or {}).get('label_mentions_masked')} / "
+                       f"{(g.get('reference') or {}).get('label_mentions_masked')}; closings reaching the classifier: "
+                       f"{g.get('closings_in_classifier_input')}."))
+    mats = {f"{name}: {key}": (t["confusion"]["labels"], t["confusion"][key]) for name, t in tasks.items()
+            for key in ("tstr", "trtr") if t["confusion"].get(key)}
+    return Panel(figures=[("utility_learning", plots.learning_curves(tasks, title="Train on synthetic, test on real: "
+                                                                            "macro-F1 by training size")),
+                          ("utility_confusion", plots.confusions(mats, title="Confusion matrices on the reference"))],
+                 blocks=blocks)
+
+
 SHOWN_SECTIONS = {"synthesize", "evaluate", "report"}
 
 

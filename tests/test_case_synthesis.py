@@ -221,6 +221,9 @@ def test_synthetic_cases_run_through_the_main_job_with_provenance(tmp_path, thou
     assert df["case_plan_seed"].null_count() == 0
     cases = pq.read_table(tmp_path / "run" / "cases.parquet").to_pylist()
     assert len(cases) == 6 and all(c["source"] == "synthetic" and c["plan_seed"] is not None for c in cases)
+    syn = json.loads((tmp_path / "run" / "run.json").read_text(encoding="utf-8"))["synthesize"]
+    assert syn["counts"]["cases_by_source"] == {"synthetic": 6} and syn["mixed_sources"] is False
+    assert syn["synthetic_cases"]["mdd5k"]["cases"] == 6 and "cases by source: synthetic 6" in res.stderr
     assert all(r["guard_events"] == [] or r["regenerations"] >= 0 for r in df.iter_rows(named=True))
 
 
@@ -239,3 +242,63 @@ def test_cases_parquet_of_an_older_run_gains_null_provenance(tmp_path):
     write_cases(Store(str(tmp_path)), cases[:2])
     rows = {r["case_id"]: r for r in pq.read_table(tmp_path / "cases.parquet").to_pylist()}
     assert set(rows) == {"S99", "S01", "S02"} and rows["S99"]["source"] is None and rows["S01"]["source"] is None
+
+
+# --- sources: never mixed silently ---------------------------------------------------------------
+
+def _mixed_folder(tmp_path, thousand, n_synthetic=3, n_samples=2):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    lines = (thousand.out / "cases.jsonl").read_text(encoding="utf-8").splitlines()[:n_synthetic]
+    (folder / "a_synthetic.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    samples = json.loads(SAMPLES.read_text(encoding="utf-8"))[:n_samples]
+    (folder / "b_samples.json").write_text(json.dumps(samples, ensure_ascii=False), encoding="utf-8")
+    return folder
+
+
+def test_a_run_refuses_mixed_sources_unless_allowed_and_says_so(tmp_path, thousand):
+    folder = _mixed_folder(tmp_path, thousand)
+    base = [sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(folder),
+            "--variants", "1", "--no-progress"]
+    res = subprocess.run(base + ["--out", str(tmp_path / "refused")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 2
+    errors = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "synthetic 3" in errors[0] and "unstated 2" in errors[0]
+    assert "--allow-mixed-sources" in errors[0] and str(folder) not in errors[0]  # the path by its label
+    assert not (tmp_path / "refused" / "synth").exists()
+
+    out = tmp_path / "allowed"
+    res = subprocess.run(base + ["--out", str(out), "--allow-mixed-sources"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "mixing case sources (synthetic 3, unstated 2)" in res.stderr
+    syn = json.loads((out / "run.json").read_text(encoding="utf-8"))["synthesize"]
+    assert syn["counts"]["cases_by_source"] == {"synthetic": 3, "unstated": 2} and syn["mixed_sources"] is True
+    assert syn["config"]["synth"]["allow_mixed_sources"] is True
+    figs = syn["synthetic_cases"]["mdd5k"]
+    assert figs["cases"] == 3 and set(figs["js_distance"]) == {"icd_prefix", "n_diagnoses", "age_band", "gender"}
+    card = (out / "README.md").read_text(encoding="utf-8")
+    section = card.split("## Case sources", 1)[1].split("\n## ", 1)[0]
+    assert "| synthetic |" in section and "60.0%" in section and "| unstated |" in section and "40.0%" in section
+    assert "This run mixes sources" in section and "Synthetic cases of profile `mdd5k` (3)" in section
+    page = (out / "report.html").read_text(encoding="utf-8")
+    panel = page.split("<section id='synthetic_cases'>", 1)[1].split("</section>", 1)[0]
+    assert "JS icd_prefix" in panel and "near-duplicate share" in panel and "Not available" not in panel
+    report = json.loads((out / "run.json").read_text(encoding="utf-8"))["report"]
+    assert report["panels"]["synthetic_cases"] == "ok"
+    assert report["headline"]["case_sources"] == {"synthetic": 0.6, "unstated": 0.4}
+
+
+def test_run_figures_from_records_agree_with_the_plans(thousand):
+    from mdd.cases.diversity import by_source, mixed, run_figures
+
+    cases, _ = load_cases(thousand.out / "cases.jsonl")
+    samples, _ = load_cases(SAMPLES)
+    figs = run_figures(cases)["mdd5k"]
+    # the run reads records only; its symptom sets (stated in the histories) match the plans' within a few
+    for k in ("F32", "F41"):
+        assert abs(figs["symptom_sets"][k]["distinct"] - thousand.diversity["symptom_sets"][k]["distinct"]) <= 3
+    assert figs["js_distance"] == thousand.diversity["js_distance"]
+    assert by_source(cases + samples) == {"synthetic": len(cases), "unstated": 27} and mixed(by_source(cases + samples))
+    assert not mixed(by_source(cases)) and not mixed(by_source(samples)) and run_figures(samples) is None

@@ -144,6 +144,10 @@ PROBES = [  # records that break one rule each (from sample cases S01 15女 F32,
     ("treatment_diagnosis", _probe(5, 处理意见="舍曲林片 50mg 每日一次 每次1片 口服。两周后复诊。")),
     ("treatment_diagnosis", _probe(0, 处理意见="盐酸哌甲酯缓释片 18mg 每日一次 口服。")),
     ("treatment_pregnancy", _probe(9, 处理意见="帕罗西汀片 20mg 每日一次 口服。两周后复诊。")),
+    # ADHD relabelled on records whose exam finds attention intact (注意力尚集中 / 注意力集中 no longer count)
+    ("diagnosis_symptoms", _probe(3, ICD编码="F90.000")),
+    ("diagnosis_symptoms", _probe(21, ICD编码="F90.000")),
+    ("diagnosis_symptoms", _probe(0, ICD编码="Z71.900", 主诉="来诊2周", 现病史="患者2周前来院，要求开具证明。")),
     ("mse_history", _probe(1, **{"精神检查.感知": "可引出言语性幻听"})),
     ("mse_history", _probe(1, **{"精神检查.情感": "情绪低落"}, 现病史="患者1年前出现厌学、脾气暴躁，否认持续情绪低落。")),
 ]
@@ -302,3 +306,43 @@ def test_run_figures_from_records_agree_with_the_plans(thousand):
     assert figs["js_distance"] == thousand.diversity["js_distance"]
     assert by_source(cases + samples) == {"synthetic": len(cases), "unstated": 27} and mixed(by_source(cases + samples))
     assert not mixed(by_source(cases)) and not mixed(by_source(samples)) and run_figures(samples) is None
+
+
+def test_attention_intact_is_no_adhd_symptom_and_z71_has_its_words():
+    from mdd.cases.check import _hits, _k, _lookup
+
+    words = _lookup(_k()["symptoms"], "F90.000")
+    assert _hits("注意力集中，注意力尚集中，注意力尚可", words) == (False, False)
+    assert _hits("注意力不集中", words)[0] and _hits("注意力稍差", words)[0] and _hits("上课坐不住", words)[0]
+    assert _lookup(_k()["symptoms"], "Z71.900")
+
+
+def test_z71_cases_run_through_synthesis_evaluation_and_report(tmp_path, thousand):
+    """Z71 (counselling) has no checklist entry: its cases still make whole dialogues, scored and reported."""
+    lines = [l for l in (thousand.out / "cases.jsonl").read_text(encoding="utf-8").splitlines() if '"Z71' in l]
+    assert len(lines) >= 3
+    recs = [json.loads(l) for l in lines]
+    assert all(check_case(validate_record(r, "z", 0)[0]) == [] and "出现。" not in r["现病史"] for r in recs)
+    (tmp_path / "z71.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases",
+                          str(tmp_path / "z71.jsonl"), "--variants", "1", "--out", str(out), "--no-progress"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    df = pl.read_parquet(out / "synth" / "*.parquet")
+    assert df.height == len(lines) and all(c.startswith("Z71") for c in df["icd_code"])
+    assert (df["n_exchanges"] >= 5).all() and not (out / "failures.parquet").exists()
+    scored = pl.read_parquet(out / "eval" / "dialogues" / "*.parquet")
+    assert set(scored["dialogue_id"]) == set(df["dialogue_id"])
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert run["report"]["panels"]["synthetic_cases"] == "ok"
+
+
+def test_synthetic_ids_are_plain_serials_to_the_privacy_masks():
+    from mdd.cases.plan import id_tag
+    from mdd.privacy import looks_personal_id
+
+    tags = {id_tag(seed, "mdd5k") for seed in range(200)}
+    assert len(tags) == 200 and not any(set(t) & set("aeiouymn") for t in tags)
+    assert not any(looks_personal_id(f"syn{t}-000001") for t in tags)
+    assert looks_personal_id("synwang-000001") and looks_personal_id("zhangwei1987")  # a name is still hashed

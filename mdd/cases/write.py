@@ -83,7 +83,8 @@ def present_illness(plan: CasePlan) -> str:
     else:
         onset = f"患者{plan.duration_text}前无明显诱因出现"
     current = [s for s in plan.present if s not in ("mania_screen", "risk_ideation")]
-    parts = [onset + "，".join(_phrase(plan, s) for s in current[:3]) + "。"]
+    # no symptom drawn (a counselling case, Z71): the history says what brings the person, never "出现。"
+    parts = [onset + ("，".join(_phrase(plan, s) for s in current[:3]) or "心理困扰，希望得到咨询和建议") + "。"]
     if current[3:]:
         parts.append("此外" + "，".join(_phrase(plan, s) for s in current[3:]) + "。")
     if "mania_screen" in plan.present:

@@ -346,3 +346,121 @@ def test_synthetic_ids_are_plain_serials_to_the_privacy_masks():
     assert len(tags) == 200 and not any(set(t) & set("aeiouymn") for t in tags)
     assert not any(looks_personal_id(f"syn{t}-000001") for t in tags)
     assert looks_personal_id("synwang-000001") and looks_personal_id("zhangwei1987")  # a name is still hashed
+
+
+# --- the case writer on an engine, and the scripted writer's repair --------------------------------
+
+class RecordEngine:
+    """A test double of an engine (mdd.engines.base: ``generate(Request) -> Completion``) playing a model:
+    its first record of a plan is a retired 12-year-old in a code fence under a name it made up; told the
+    failed rules, it writes the plan's record; for plans in ``garbage`` it answers no JSON at all."""
+
+    name, model = "double", "double-model"
+
+    def __init__(self, garbage=()):
+        self.requests, self.garbage = [], set(garbage)
+
+    async def generate(self, request):
+        from mdd.cases.plan import CasePlan
+        from mdd.engines.base import Completion
+
+        self.requests.append(request)
+        plan = CasePlan.from_dict(request.context["plan"])
+        if plan.case_id in self.garbage:
+            text = "好的，病历如下：患者情绪低落……"
+        else:
+            rec = ScriptedCaseWriter().write(plan)
+            if "age_occupation" not in request.messages[-1].content:
+                rec.update({"患者": "张三", "source": "real", "年龄": 12})
+                rec["个人史"]["工作、学习情况"] = "已退休。"
+                rec["处理意见"] = "暂不予药物治疗。"
+            text = "```json\n" + json.dumps(rec, ensure_ascii=False) + "\n```"
+        return Completion(text=text, prompt_tokens=len(request.messages[-1].content), output_tokens=len(text))
+
+
+def test_engine_writer_sends_the_prompt_repairs_with_the_failed_rules_and_rejects_no_json(tmp_path):
+    from mdd.cases.write import EngineCaseWriter
+
+    plans = synthesize_plans(load_profile("mdd5k"), 12, seed=6)
+    engine = RecordEngine(garbage={plans[3].case_id})
+    writer = EngineCaseWriter(engine, in_flight=4)
+    r = synthesize_cases(12, "mdd5k", tmp_path, seed=6, writer=writer)
+    assert r.written == 11 and r.repaired == 11 and r.rejected == 1
+    assert r.failed_first_pass_by_rule["age_occupation"] == 11 and r.rejected_by_rule == {"writer_output": 1}
+    first, second = engine.requests[:12], engine.requests[12:]
+    assert len(second) == 12 and {q.op for q in engine.requests} == {"CaseWrite"}
+    assert all(q.agent == "case_writer" and q.messages[0].role == "system" for q in engine.requests)
+    told = [q for q in second if q.session != plans[3].case_id]
+    assert all("上一稿未通过以下一致性检查" in q.messages[-1].content and "age_occupation：" in q.messages[-1].content
+               for q in told)
+    assert all("age_occupation" not in q.messages[-1].content for q in first)
+    assert {q.context["failed"][0]["rule"] for q in told} == {"age_occupation"}
+    recs = [json.loads(x) for x in (tmp_path / "cases.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [x["患者"] for x in recs] == [p.case_id for p in plans if p.case_id != plans[3].case_id]  # never 张三
+    assert all(x["source"] == "synthetic" and x["profile"] == "mdd5k" for x in recs)
+    rows = pq.read_table(tmp_path / "rejects.parquet").to_pylist()
+    assert rows == [{"case_id": plans[3].case_id, "rule": "writer_output", "field": "(record)",
+                     "reason": "no JSON object in the writer's 16 characters"}]
+    summary = json.loads((tmp_path / "synthesis.json").read_text(encoding="utf-8"))
+    assert summary["writer"] == "engine" and summary["writer_model"] == "double-model"
+    assert summary["writer_usage"]["calls"] == 24 and summary["writer_usage"]["unparseable"] == 2
+
+
+def test_engine_writer_on_the_scripted_engine_and_the_command(tmp_path):
+    from mdd.cases.write import EngineCaseWriter
+    from mdd.engines.scripted import ScriptedEngine
+
+    a = synthesize_cases(40, "mdd5k", tmp_path / "a", seed=4, writer=EngineCaseWriter(ScriptedEngine()))
+    b = synthesize_cases(40, "mdd5k", tmp_path / "b", seed=4)
+    assert a.written == 40 and (tmp_path / "a" / "cases.jsonl").read_bytes() == (tmp_path / "b" / "cases.jsonl").read_bytes()
+    res = mdd("cases", "synthesize", "--n", "20", "--writer", "engine", "--config", "configs/local.yaml",
+              "--out", str(tmp_path / "c"), "--seed", "4")
+    assert res.returncode == 0, res.stderr
+    assert "writer: engine scripted" in res.stdout
+    summary = json.loads((tmp_path / "c" / "synthesis.json").read_text(encoding="utf-8"))
+    assert summary["writer"] == "engine" and summary["writer_usage"]["calls"] == 20 and summary["written"] == 20
+    bad = mdd("cases", "synthesize", "--n", "5", "--writer", "engine", "--config", str(tmp_path / "none.yaml"),
+              "--out", str(tmp_path / "d"))
+    assert bad.returncode == 2 and "--writer engine" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _broken_plans():
+    import dataclasses
+
+    plans = synthesize_plans(load_profile("mdd5k"), 60, seed=3)
+    man = next(p for p in plans if p.gender == "男")
+    f32 = next(p for p in plans if p.prefixes[0] == "F32")
+    f41 = next(p for p in plans if p.prefixes[0] == "F41")
+    return [
+        (dataclasses.replace(plans[0], age=12, work="已退休。", marital="已婚，育有一子。", drugs=["paroxetine"]),
+         {"age_occupation", "age_marital", "treatment_age"}),
+        (dataclasses.replace(man, menstrual="13岁初潮，周期规律。"), {"gender_specific"}),
+        (dataclasses.replace(f32, days=5, duration_text="5天", worse_text="", present=["sleep"], absent=["mood_low"]),
+         {"diagnosis_symptoms", "duration_criteria"}),
+        (dataclasses.replace(f41, gender="女", age=30, postpartum=False, pregnant_weeks=10, drugs=[*f41.drugs, "paroxetine"]),
+         {"treatment_pregnancy"}),
+        (dataclasses.replace(f41, drugs=["methylphenidate"]), {"treatment_diagnosis"}),
+    ]
+
+
+def test_the_scripted_repair_pass_mends_what_the_rules_found():
+    from mdd.cases.synth import review, write_one
+
+    w = ScriptedCaseWriter()
+    for plan, rules in _broken_plans():
+        first = w.write(plan)
+        _, found = review(first)
+        assert {f.rule for f in found} == rules
+        mended = w.write(plan, found)
+        assert review(mended)[1] == []
+        changed = {k for k in first if first[k] != mended[k]}
+        assert changed and changed <= {"主诉", "现病史", "个人史", "处理意见", "精神检查"}  # who the patient is stays
+        assert mended["患者"] == first["患者"] and mended["年龄"] == first["年龄"] and mended["ICD编码"] == first["ICD编码"]
+        record, before, left = write_one(w, plan, 0)
+        assert record == mended and {f.rule for f in before} == rules and left == []
+    # an exam finding the history denies goes back to its normal wording
+    from mdd.cases.check import Finding
+
+    plan = synthesize_plans(load_profile("mdd5k"), 5, seed=3)[0]
+    rec = w.write(plan, [Finding(plan.case_id, "mse_history", "精神检查.感知", "x")])
+    assert rec["精神检查"]["感知"] in ("未引出幻觉、错觉", "未引出感知觉障碍", "未引出幻觉及感知综合障碍")

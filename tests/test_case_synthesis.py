@@ -464,3 +464,21 @@ def test_the_scripted_repair_pass_mends_what_the_rules_found():
     plan = synthesize_plans(load_profile("mdd5k"), 5, seed=3)[0]
     rec = w.write(plan, [Finding(plan.case_id, "mse_history", "精神检查.感知", "x")])
     assert rec["精神检查"]["感知"] in ("未引出幻觉、错觉", "未引出感知觉障碍", "未引出幻觉及感知综合障碍")
+
+
+def test_the_headline_runs_guard_failures_are_gone(tmp_path, thousand):
+    """The 1,000 x 5 headline run (seed 1, the README's command) lost 6 dialogues of these 5 cases to guard
+    failures of the scripted patient: an answer re-asked by the echo guard said again the clause the doctor's
+    follow-up had just quoted (the companion's words), and an impact answer said a clause twice that both
+    the record and the story held. All 25 of their dialogues are written now."""
+    ids = {"000023", "000120", "000296", "000318", "000885"}
+    lines = [l for l in (thousand.out / "cases.jsonl").read_text(encoding="utf-8").splitlines()
+             if json.loads(l)["患者"].rsplit("-", 1)[1] in ids]
+    assert len(lines) == 5
+    (tmp_path / "five.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    res = subprocess.run([sys.executable, "-m", "jobs.synthesize", "--config", "configs/local.yaml", "--cases",
+                          str(tmp_path / "five.jsonl"), "--variants", "5", "--out", str(tmp_path / "run"),
+                          "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert pl.read_parquet(tmp_path / "run" / "synth" / "*.parquet").height == 25
+    assert not (tmp_path / "run" / "failures.parquet").exists()

@@ -42,6 +42,7 @@ def _error(msg: str) -> int:
 def synthesize(args: argparse.Namespace) -> int:
     from mdd.cases.plan import ProfileError
     from mdd.cases.synth import synthesize_cases
+    from mdd.engines.base import EngineError
 
     if args.n <= 0:
         return _error("--n must be a positive number of cases")
@@ -50,7 +51,7 @@ def synthesize(args: argparse.Namespace) -> int:
         if args.writer == "engine":
             engine, writer = _engine_writer(args.config)
         result = synthesize_cases(args.n, args.profile, args.out, seed=args.seed, writer=writer)
-    except (ProfileError, ValueError, OSError) as exc:
+    except (ProfileError, ValueError, OSError, EngineError) as exc:  # EngineError: the writer's engine went down
         return _error(str(exc))
     finally:
         if engine is not None:

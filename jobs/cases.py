@@ -23,6 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile", default="mdd5k", help="profile name (mdd/knowledge/profiles/) or a YAML path")
     s.add_argument("--out", required=True, help="output folder: cases.jsonl, plans.jsonl, rejects.parquet, synthesis.json")
     s.add_argument("--seed", type=int, default=0, help="run seed (the same seed writes the same cases)")
+    s.add_argument("--writer", choices=("scripted", "engine"), default="scripted",
+                   help="who writes the records: the offline scripted writer (default), or the engine of --config "
+                        "(one generate call per record, a second one told the failed rules)")
+    s.add_argument("--config", default="configs/local.yaml", help="with --writer engine: the run config whose "
+                   "engine writes (scripted, vllm, openai)")
     c = sub.add_parser("check", help="run the clinical consistency checker over a case file or folder")
     c.add_argument("path", help="cases file or folder (JSON array, JSONL or Parquet)")
     c.add_argument("--out", required=True, help="output folder for rejects.parquet")
@@ -37,14 +42,23 @@ def _error(msg: str) -> int:
 def synthesize(args: argparse.Namespace) -> int:
     from mdd.cases.plan import ProfileError
     from mdd.cases.synth import synthesize_cases
+    from mdd.engines.base import EngineError
 
     if args.n <= 0:
         return _error("--n must be a positive number of cases")
+    engine = writer = None
     try:
-        result = synthesize_cases(args.n, args.profile, args.out, seed=args.seed)
-    except (ProfileError, ValueError, OSError) as exc:
+        if args.writer == "engine":
+            engine, writer = _engine_writer(args.config)
+        result = synthesize_cases(args.n, args.profile, args.out, seed=args.seed, writer=writer)
+    except (ProfileError, ValueError, OSError, EngineError) as exc:  # EngineError: the writer's engine went down
         return _error(str(exc))
+    finally:
+        if engine is not None:
+            engine.shutdown()
     d = result.diversity
+    if writer is not None:
+        print(f"writer: engine {engine.name} ({engine.model}): {dict(writer.usage)}")
     print(f"{result.written} of {result.requested} cases written to {Path(args.out) / 'cases.jsonl'} "
           f"({result.repaired} repaired, {result.rejected} rejected) in {result.seconds} s")
     if result.rejected_by_rule:
@@ -56,6 +70,25 @@ def synthesize(args: argparse.Namespace) -> int:
     print("distinct symptom sets per first diagnosis: " + ", ".join(
         f"{k} {v['distinct']}/{v['cases']}" for k, v in list(d["symptom_sets"].items())[:8]))
     return 0
+
+
+def _engine_writer(config: str):
+    """The engine of ``config`` (started; the caller shuts it down) and a case writer on it."""
+    from mdd.cases.write import EngineCaseWriter
+    from mdd.config import ConfigError, load_config
+    from mdd.engines.base import EngineError, launch_engine, preflight_engine
+
+    try:
+        cfg = load_config(config)
+        preflight_engine(cfg.engine)
+        if cfg.engine.name.split("/", 1)[0] != "scripted":  # engines that run as Ray actors
+            from mdd.raylib import init_ray
+
+            init_ray(cfg.ray)
+        engine = launch_engine(cfg.engine)
+    except (ConfigError, EngineError) as exc:
+        raise ValueError(f"--writer engine: {exc}") from None
+    return engine, EngineCaseWriter(engine, in_flight=cfg.synth.in_flight)
 
 
 def check(args: argparse.Namespace) -> int:

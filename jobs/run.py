@@ -72,7 +72,8 @@ def _rounds(args: argparse.Namespace, cfg, out: str) -> int:
                             ("--exemplars", exemplars)):
             if value is not None:
                 synth_args += [flag, str(value)]
-        synth_args += ["--strict"] * args.strict + ["--no-progress"] * args.no_progress
+        synth_args += (["--strict"] * args.strict + ["--no-progress"] * args.no_progress
+                       + ["--allow-mixed-sources"] * args.allow_mixed_sources)
         synth_rc = synthesize.main(synth_args)
         if synth_rc not in (0, 3):
             return synth_rc

@@ -47,6 +47,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
                    "to finish (default: exit 2 naming it)")
+    p.add_argument("--allow-mixed-sources", action="store_true",
+                   help="run synthetic and real (or unstated) cases together; without it (or synth.allow_mixed_sources) "
+                        "such a case set is refused with exit 2")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             "synth.cases": args.cases, "synth.out": args.out, "synth.variants": args.variants,
             "synth.limit": args.limit, "synth.in_flight": args.in_flight, "synth.seed": args.seed,
             "synth.dialogue.exemplars.index": args.exemplars,
+            "synth.allow_mixed_sources": True if args.allow_mixed_sources else None,
         })
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

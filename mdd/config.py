@@ -268,6 +268,8 @@ class SynthConfig(_Frozen):
     retry_backoff_s: float = Field(10.0, ge=0.0, description="first wait before retrying a dialogue whose engine "
                                    "failed; doubles per attempt (an engine restart takes about a minute)")
     limit: int | None = Field(None, ge=1, description="only the first N valid cases")
+    allow_mixed_sources: bool = Field(False, description="run cases of both sources (synthetic and real or "
+                                      "unstated) together; without it such a run is refused before any work")
     dialogue: DialogueConfig = DialogueConfig()
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from mdd import privacy, provenance, schema
 from mdd.cases import Case, Reject, load_cases
+from mdd.cases import diversity as case_diversity
 from mdd.config import Config, DialogueConfig
 from mdd.dialogue.guards import GuardTally
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
@@ -282,6 +283,15 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     cases, rejects = load_cases(sc.cases, deid)  # CaseFileError: the path holds no case file
     if sc.limit:
         cases = cases[: sc.limit]
+    sources = case_diversity.by_source(cases)
+    if case_diversity.mixed(sources):
+        said = ", ".join(f"{k} {v}" for k, v in sources.items())
+        if not sc.allow_mixed_sources:
+            raise RunRefused(f"{deid.source(sc.cases)} holds synthetic and non-synthetic cases ({said}); "
+                             "pass --allow-mixed-sources (synth.allow_mixed_sources: true) to run them together")
+        log.warning("mixing case sources (%s): allowed by synth.allow_mixed_sources", said)
+    else:
+        log.info("cases by source: %s", ", ".join(f"{k} {v}" for k, v in sources.items()) or "none")
     if sc.dialogue.exemplars.index:  # ExemplarError propagates: say so before any work
         from mdd.dialogue.exemplars import resolve_index
 
@@ -338,6 +348,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     if failures or out.exists("failures.parquet"):
         out.write_table(pa.Table.from_pylist(failures, schema=schema.FAILURE), "failures.parquet")
 
+    synthetic_figures = case_diversity.run_figures(cases)
     wall = time.time() - t0
     written = len(done) + stats.written  # dialogues in whole (or, after Ctrl-C, flushed) shards
     masked = {c.case_id: list(c.masked) for c in cases if c.masked}
@@ -349,6 +360,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         "interrupted": interrupted,
         "counts": {
             "cases_valid": len(cases),
+            "cases_by_source": sources,
             "cases_rejected": rejected_cases,
             "reject_rows": len(rejects),
             "dialogues_planned": len(items),
@@ -359,6 +371,10 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
             "dialogue_retries": stats.retries,
             "exchanges_run": stats.exchanges,
         },
+        "mixed_sources": case_diversity.mixed(sources),
+        # the run's synthetic cases against their profile (JS distance per attribute, near-duplicates,
+        # distinct symptom sets), by profile; None when no case is synthetic
+        "synthetic_cases": synthetic_figures,
         "quarantined_shards": quarantined,
         "personal_data_masked": masked,
         "control_characters_removed": deid.controls_removed,

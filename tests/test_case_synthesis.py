@@ -144,6 +144,10 @@ PROBES = [  # records that break one rule each (from sample cases S01 15女 F32,
     ("treatment_diagnosis", _probe(5, 处理意见="舍曲林片 50mg 每日一次 每次1片 口服。两周后复诊。")),
     ("treatment_diagnosis", _probe(0, 处理意见="盐酸哌甲酯缓释片 18mg 每日一次 口服。")),
     ("treatment_pregnancy", _probe(9, 处理意见="帕罗西汀片 20mg 每日一次 口服。两周后复诊。")),
+    # ADHD relabelled on records whose exam finds attention intact (注意力尚集中 / 注意力集中 no longer count)
+    ("diagnosis_symptoms", _probe(3, ICD编码="F90.000")),
+    ("diagnosis_symptoms", _probe(21, ICD编码="F90.000")),
+    ("diagnosis_symptoms", _probe(0, ICD编码="Z71.900", 主诉="来诊2周", 现病史="患者2周前来院，要求开具证明。")),
     ("mse_history", _probe(1, **{"精神检查.感知": "可引出言语性幻听"})),
     ("mse_history", _probe(1, **{"精神检查.情感": "情绪低落"}, 现病史="患者1年前出现厌学、脾气暴躁，否认持续情绪低落。")),
 ]
@@ -221,6 +225,9 @@ def test_synthetic_cases_run_through_the_main_job_with_provenance(tmp_path, thou
     assert df["case_plan_seed"].null_count() == 0
     cases = pq.read_table(tmp_path / "run" / "cases.parquet").to_pylist()
     assert len(cases) == 6 and all(c["source"] == "synthetic" and c["plan_seed"] is not None for c in cases)
+    syn = json.loads((tmp_path / "run" / "run.json").read_text(encoding="utf-8"))["synthesize"]
+    assert syn["counts"]["cases_by_source"] == {"synthetic": 6} and syn["mixed_sources"] is False
+    assert syn["synthetic_cases"]["mdd5k"]["cases"] == 6 and "cases by source: synthetic 6" in res.stderr
     assert all(r["guard_events"] == [] or r["regenerations"] >= 0 for r in df.iter_rows(named=True))
 
 
@@ -239,3 +246,239 @@ def test_cases_parquet_of_an_older_run_gains_null_provenance(tmp_path):
     write_cases(Store(str(tmp_path)), cases[:2])
     rows = {r["case_id"]: r for r in pq.read_table(tmp_path / "cases.parquet").to_pylist()}
     assert set(rows) == {"S99", "S01", "S02"} and rows["S99"]["source"] is None and rows["S01"]["source"] is None
+
+
+# --- sources: never mixed silently ---------------------------------------------------------------
+
+def _mixed_folder(tmp_path, thousand, n_synthetic=3, n_samples=2):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    lines = (thousand.out / "cases.jsonl").read_text(encoding="utf-8").splitlines()[:n_synthetic]
+    (folder / "a_synthetic.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    samples = json.loads(SAMPLES.read_text(encoding="utf-8"))[:n_samples]
+    (folder / "b_samples.json").write_text(json.dumps(samples, ensure_ascii=False), encoding="utf-8")
+    return folder
+
+
+def test_a_run_refuses_mixed_sources_unless_allowed_and_says_so(tmp_path, thousand):
+    folder = _mixed_folder(tmp_path, thousand)
+    base = [sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(folder),
+            "--variants", "1", "--no-progress"]
+    res = subprocess.run(base + ["--out", str(tmp_path / "refused")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 2
+    errors = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "synthetic 3" in errors[0] and "unstated 2" in errors[0]
+    assert "--allow-mixed-sources" in errors[0] and str(folder) not in errors[0]  # the path by its label
+    assert not (tmp_path / "refused" / "synth").exists()
+
+    out = tmp_path / "allowed"
+    res = subprocess.run(base + ["--out", str(out), "--allow-mixed-sources"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "mixing case sources (synthetic 3, unstated 2)" in res.stderr
+    syn = json.loads((out / "run.json").read_text(encoding="utf-8"))["synthesize"]
+    assert syn["counts"]["cases_by_source"] == {"synthetic": 3, "unstated": 2} and syn["mixed_sources"] is True
+    assert syn["config"]["synth"]["allow_mixed_sources"] is True
+    figs = syn["synthetic_cases"]["mdd5k"]
+    assert figs["cases"] == 3 and set(figs["js_distance"]) == {"icd_prefix", "n_diagnoses", "age_band", "gender"}
+    card = (out / "README.md").read_text(encoding="utf-8")
+    section = card.split("## Case sources", 1)[1].split("\n## ", 1)[0]
+    assert "| synthetic |" in section and "60.0%" in section and "| unstated |" in section and "40.0%" in section
+    assert "This run mixes sources" in section and "Synthetic cases of profile `mdd5k` (3)" in section
+    page = (out / "report.html").read_text(encoding="utf-8")
+    panel = page.split("<section id='synthetic_cases'>", 1)[1].split("</section>", 1)[0]
+    assert "JS icd_prefix" in panel and "near-duplicate share" in panel and "Not available" not in panel
+    report = json.loads((out / "run.json").read_text(encoding="utf-8"))["report"]
+    assert report["panels"]["synthetic_cases"] == "ok"
+    assert report["headline"]["case_sources"] == {"synthetic": 0.6, "unstated": 0.4}
+
+
+def test_run_figures_from_records_agree_with_the_plans(thousand):
+    from mdd.cases.diversity import by_source, mixed, run_figures
+
+    cases, _ = load_cases(thousand.out / "cases.jsonl")
+    samples, _ = load_cases(SAMPLES)
+    figs = run_figures(cases)["mdd5k"]
+    # the run reads records only; its symptom sets (stated in the histories) match the plans' within a few
+    for k in ("F32", "F41"):
+        assert abs(figs["symptom_sets"][k]["distinct"] - thousand.diversity["symptom_sets"][k]["distinct"]) <= 3
+    assert figs["js_distance"] == thousand.diversity["js_distance"]
+    assert by_source(cases + samples) == {"synthetic": len(cases), "unstated": 27} and mixed(by_source(cases + samples))
+    assert not mixed(by_source(cases)) and not mixed(by_source(samples)) and run_figures(samples) is None
+
+
+def test_attention_intact_is_no_adhd_symptom_and_z71_has_its_words():
+    from mdd.cases.check import _hits, _k, _lookup
+
+    words = _lookup(_k()["symptoms"], "F90.000")
+    assert _hits("注意力集中，注意力尚集中，注意力尚可", words) == (False, False)
+    assert _hits("注意力不集中", words)[0] and _hits("注意力稍差", words)[0] and _hits("上课坐不住", words)[0]
+    assert _lookup(_k()["symptoms"], "Z71.900")
+
+
+def test_z71_cases_run_through_synthesis_evaluation_and_report(tmp_path, thousand):
+    """Z71 (counselling) has no checklist entry: its cases still make whole dialogues, scored and reported."""
+    lines = [l for l in (thousand.out / "cases.jsonl").read_text(encoding="utf-8").splitlines() if '"Z71' in l]
+    assert len(lines) >= 3
+    recs = [json.loads(l) for l in lines]
+    assert all(check_case(validate_record(r, "z", 0)[0]) == [] and "出现。" not in r["现病史"] for r in recs)
+    (tmp_path / "z71.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases",
+                          str(tmp_path / "z71.jsonl"), "--variants", "1", "--out", str(out), "--no-progress"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    df = pl.read_parquet(out / "synth" / "*.parquet")
+    assert df.height == len(lines) and all(c.startswith("Z71") for c in df["icd_code"])
+    assert (df["n_exchanges"] >= 5).all() and not (out / "failures.parquet").exists()
+    scored = pl.read_parquet(out / "eval" / "dialogues" / "*.parquet")
+    assert set(scored["dialogue_id"]) == set(df["dialogue_id"])
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert run["report"]["panels"]["synthetic_cases"] == "ok"
+
+
+def test_synthetic_ids_are_plain_serials_to_the_privacy_masks():
+    from mdd.cases.plan import id_tag
+    from mdd.privacy import looks_personal_id
+
+    tags = {id_tag(seed, "mdd5k") for seed in range(200)}
+    assert len(tags) == 200 and not any(set(t) & set("aeiouymn") for t in tags)
+    assert not any(looks_personal_id(f"syn{t}-000001") for t in tags)
+    assert looks_personal_id("synwang-000001") and looks_personal_id("zhangwei1987")  # a name is still hashed
+
+
+# --- the case writer on an engine, and the scripted writer's repair --------------------------------
+
+class RecordEngine:
+    """A test double of an engine (mdd.engines.base: ``generate(Request) -> Completion``) playing a model:
+    its first record of a plan is a retired 12-year-old in a code fence under a name it made up; told the
+    failed rules, it writes the plan's record; for plans in ``garbage`` it answers no JSON at all."""
+
+    name, model = "double", "double-model"
+
+    def __init__(self, garbage=()):
+        self.requests, self.garbage = [], set(garbage)
+
+    async def generate(self, request):
+        from mdd.cases.plan import CasePlan
+        from mdd.engines.base import Completion
+
+        self.requests.append(request)
+        plan = CasePlan.from_dict(request.context["plan"])
+        if plan.case_id in self.garbage:
+            text = "好的，病历如下：患者情绪低落……"
+        else:
+            rec = ScriptedCaseWriter().write(plan)
+            if "age_occupation" not in request.messages[-1].content:
+                rec.update({"患者": "张三", "source": "real", "年龄": 12})
+                rec["个人史"]["工作、学习情况"] = "已退休。"
+                rec["处理意见"] = "暂不予药物治疗。"
+            text = "```json\n" + json.dumps(rec, ensure_ascii=False) + "\n```"
+        return Completion(text=text, prompt_tokens=len(request.messages[-1].content), output_tokens=len(text))
+
+
+def test_engine_writer_sends_the_prompt_repairs_with_the_failed_rules_and_rejects_no_json(tmp_path):
+    from mdd.cases.write import EngineCaseWriter
+
+    plans = synthesize_plans(load_profile("mdd5k"), 12, seed=6)
+    engine = RecordEngine(garbage={plans[3].case_id})
+    writer = EngineCaseWriter(engine, in_flight=4)
+    r = synthesize_cases(12, "mdd5k", tmp_path, seed=6, writer=writer)
+    assert r.written == 11 and r.repaired == 11 and r.rejected == 1
+    assert r.failed_first_pass_by_rule["age_occupation"] == 11 and r.rejected_by_rule == {"writer_output": 1}
+    first, second = engine.requests[:12], engine.requests[12:]
+    assert len(second) == 12 and {q.op for q in engine.requests} == {"CaseWrite"}
+    assert all(q.agent == "case_writer" and q.messages[0].role == "system" for q in engine.requests)
+    told = [q for q in second if q.session != plans[3].case_id]
+    assert all("上一稿未通过以下一致性检查" in q.messages[-1].content and "age_occupation：" in q.messages[-1].content
+               for q in told)
+    assert all("age_occupation" not in q.messages[-1].content for q in first)
+    assert {q.context["failed"][0]["rule"] for q in told} == {"age_occupation"}
+    recs = [json.loads(x) for x in (tmp_path / "cases.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [x["患者"] for x in recs] == [p.case_id for p in plans if p.case_id != plans[3].case_id]  # never 张三
+    assert all(x["source"] == "synthetic" and x["profile"] == "mdd5k" for x in recs)
+    rows = pq.read_table(tmp_path / "rejects.parquet").to_pylist()
+    assert rows == [{"case_id": plans[3].case_id, "rule": "writer_output", "field": "(record)",
+                     "reason": "no JSON object in the writer's 16 characters"}]
+    summary = json.loads((tmp_path / "synthesis.json").read_text(encoding="utf-8"))
+    assert summary["writer"] == "engine" and summary["writer_model"] == "double-model"
+    assert summary["writer_usage"]["calls"] == 24 and summary["writer_usage"]["unparseable"] == 2
+
+
+def test_engine_writer_on_the_scripted_engine_and_the_command(tmp_path):
+    from mdd.cases.write import EngineCaseWriter
+    from mdd.engines.scripted import ScriptedEngine
+
+    a = synthesize_cases(40, "mdd5k", tmp_path / "a", seed=4, writer=EngineCaseWriter(ScriptedEngine()))
+    b = synthesize_cases(40, "mdd5k", tmp_path / "b", seed=4)
+    assert a.written == 40 and (tmp_path / "a" / "cases.jsonl").read_bytes() == (tmp_path / "b" / "cases.jsonl").read_bytes()
+    res = mdd("cases", "synthesize", "--n", "20", "--writer", "engine", "--config", "configs/local.yaml",
+              "--out", str(tmp_path / "c"), "--seed", "4")
+    assert res.returncode == 0, res.stderr
+    assert "writer: engine scripted" in res.stdout
+    summary = json.loads((tmp_path / "c" / "synthesis.json").read_text(encoding="utf-8"))
+    assert summary["writer"] == "engine" and summary["writer_usage"]["calls"] == 20 and summary["written"] == 20
+    bad = mdd("cases", "synthesize", "--n", "5", "--writer", "engine", "--config", str(tmp_path / "none.yaml"),
+              "--out", str(tmp_path / "d"))
+    assert bad.returncode == 2 and "--writer engine" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _broken_plans():
+    import dataclasses
+
+    plans = synthesize_plans(load_profile("mdd5k"), 60, seed=3)
+    man = next(p for p in plans if p.gender == "男")
+    f32 = next(p for p in plans if p.prefixes[0] == "F32")
+    f41 = next(p for p in plans if p.prefixes[0] == "F41")
+    return [
+        (dataclasses.replace(plans[0], age=12, work="已退休。", marital="已婚，育有一子。", drugs=["paroxetine"]),
+         {"age_occupation", "age_marital", "treatment_age"}),
+        (dataclasses.replace(man, menstrual="13岁初潮，周期规律。"), {"gender_specific"}),
+        (dataclasses.replace(f32, days=5, duration_text="5天", worse_text="", present=["sleep"], absent=["mood_low"]),
+         {"diagnosis_symptoms", "duration_criteria"}),
+        (dataclasses.replace(f41, gender="女", age=30, postpartum=False, pregnant_weeks=10, drugs=[*f41.drugs, "paroxetine"]),
+         {"treatment_pregnancy"}),
+        (dataclasses.replace(f41, drugs=["methylphenidate"]), {"treatment_diagnosis"}),
+    ]
+
+
+def test_the_scripted_repair_pass_mends_what_the_rules_found():
+    from mdd.cases.synth import review, write_one
+
+    w = ScriptedCaseWriter()
+    for plan, rules in _broken_plans():
+        first = w.write(plan)
+        _, found = review(first)
+        assert {f.rule for f in found} == rules
+        mended = w.write(plan, found)
+        assert review(mended)[1] == []
+        changed = {k for k in first if first[k] != mended[k]}
+        assert changed and changed <= {"主诉", "现病史", "个人史", "处理意见", "精神检查"}  # who the patient is stays
+        assert mended["患者"] == first["患者"] and mended["年龄"] == first["年龄"] and mended["ICD编码"] == first["ICD编码"]
+        record, before, left = write_one(w, plan, 0)
+        assert record == mended and {f.rule for f in before} == rules and left == []
+    # an exam finding the history denies goes back to its normal wording
+    from mdd.cases.check import Finding
+
+    plan = synthesize_plans(load_profile("mdd5k"), 5, seed=3)[0]
+    rec = w.write(plan, [Finding(plan.case_id, "mse_history", "精神检查.感知", "x")])
+    assert rec["精神检查"]["感知"] in ("未引出幻觉、错觉", "未引出感知觉障碍", "未引出幻觉及感知综合障碍")
+
+
+def test_the_headline_runs_guard_failures_are_gone(tmp_path, thousand):
+    """The 1,000 x 5 headline run (seed 1, the README's command) lost 6 dialogues of these 5 cases to guard
+    failures of the scripted patient: an answer re-asked by the echo guard said again the clause the doctor's
+    follow-up had just quoted (the companion's words), and an impact answer said a clause twice that both
+    the record and the story held. All 25 of their dialogues are written now."""
+    ids = {"000023", "000120", "000296", "000318", "000885"}
+    lines = [l for l in (thousand.out / "cases.jsonl").read_text(encoding="utf-8").splitlines()
+             if json.loads(l)["患者"].rsplit("-", 1)[1] in ids]
+    assert len(lines) == 5
+    (tmp_path / "five.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    res = subprocess.run([sys.executable, "-m", "jobs.synthesize", "--config", "configs/local.yaml", "--cases",
+                          str(tmp_path / "five.jsonl"), "--variants", "5", "--out", str(tmp_path / "run"),
+                          "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert pl.read_parquet(tmp_path / "run" / "synth" / "*.parquet").height == 25
+    assert not (tmp_path / "run" / "failures.parquet").exists()

@@ -9,12 +9,15 @@
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 from scipy.spatial.distance import jensenshannon
 
+from mdd import knowledge
 from mdd.cases.plan import CasePlan, Profile
 
 NEAR_DUPLICATE = 0.8
@@ -69,18 +72,40 @@ def near_duplicates(texts: Sequence[str], threshold: float = NEAR_DUPLICATE, chu
             "median_nearest": round(float(np.median(nearest)), 4), "threshold": threshold, "shingle_chars": SHINGLE}
 
 
-def expected_attributes(plans: Sequence[CasePlan], profile: Profile) -> tuple[dict[str, float], dict[str, float]]:
-    """The age-band and gender mix the profile expects for these cases' first diagnoses."""
+def expected_attributes(firsts: Sequence[str], profile: Profile) -> tuple[dict[str, float], dict[str, float]]:
+    """The age-band and gender mix the profile expects for cases with these first diagnoses (ICD prefixes)."""
     bands: Counter = Counter()
     female = 0.0
-    for p in plans:
-        table = profile.age.get(p.prefixes[0]) or profile.age["default"]
+    for first in firsts:
+        table = profile.age.get(first) or profile.age["default"]
         total = sum(table.values())
         for b, w in table.items():
             bands[b] += w / total
-        female += profile.female_share.get(p.prefixes[0], profile.female_share.get("default", 0.5))
-    n = max(len(plans), 1)
+        female += profile.female_share.get(first, profile.female_share.get("default", 0.5))
+    n = max(len(firsts), 1)
     return {b: v / n for b, v in bands.items()}, {"女": female / n, "男": 1 - female / n}
+
+
+def _prefixes(rec: dict[str, Any]) -> list[str]:
+    return [c.strip().split(".")[0][:3] for c in re.split(r"[,，、;；/]", str(rec["ICD编码"])) if c.strip()]
+
+
+@lru_cache(maxsize=1)
+def _symptom_patterns() -> dict[str, re.Pattern]:
+    """Each plan symptom's wordings (``case_plans.yaml``) as one pattern; a ``{slot}`` matches a few characters."""
+    out = {}
+    for key, s in knowledge.load_yaml("case_plans.yaml")["symptoms"].items():
+        alts = [re.sub(r"\\\{\w+\\\}", ".{1,6}?", re.escape(t)) for t in s.get("present") or []]
+        if alts:
+            out[key] = re.compile("|".join(alts))
+    return out
+
+
+def stated_symptoms(rec: dict[str, Any]) -> frozenset[str]:
+    """The plan symptoms a record's history states in one of the writer's wordings (what a run can tell
+    of a synthetic record without its plan)."""
+    text = f"{rec.get('主诉', '')}。{rec.get('现病史', '')}"
+    return frozenset(k for k, pat in _symptom_patterns().items() if pat.search(text))
 
 
 def _band(profile: Profile, age: int) -> str:
@@ -90,17 +115,26 @@ def _band(profile: Profile, age: int) -> str:
     return "other"
 
 
-def diversity(records: Sequence[dict[str, Any]], plans: Sequence[CasePlan], profile: Profile) -> dict[str, Any]:
-    prefixes = Counter(c.split(".")[0][:3] for r in records for c in str(r["ICD编码"]).split(","))
-    n_diag = Counter(len(str(r["ICD编码"]).split(",")) for r in records)
+def diversity(records: Sequence[dict[str, Any]], plans: Sequence[CasePlan] | None, profile: Profile) -> dict[str, Any]:
+    """The figures of ``records`` (MDD-5k schema, exact ages) against ``profile``. With their ``plans``
+    the symptom sets are the plans'; without (a run reading a case file) they are the symptoms each
+    record's history states (:func:`stated_symptoms`)."""
+    prefixes = Counter(c for r in records for c in _prefixes(r))
+    n_diag = Counter(len(_prefixes(r)) for r in records)
     bands = Counter(_band(profile, int(r["年龄"])) for r in records)
     genders = Counter(r["性别"] for r in records)
-    exp_bands, exp_gender = expected_attributes(plans, profile)
+    if plans is not None:
+        firsts = [p.prefixes[0] for p in plans]
+        present = [frozenset(p.present) for p in plans]
+    else:
+        firsts = [_prefixes(r)[0] for r in records]
+        present = [stated_symptoms(r) for r in records]
+    exp_bands, exp_gender = expected_attributes(firsts, profile)
     sets: dict[str, set] = {}
     counts: Counter = Counter()
-    for p in plans:
-        sets.setdefault(p.prefixes[0], set()).add(frozenset(p.present))
-        counts[p.prefixes[0]] += 1
+    for first, symptoms in zip(firsts, present):
+        sets.setdefault(first, set()).add(symptoms)
+        counts[first] += 1
     n = max(len(records), 1)
     return {
         "cases": len(records),
@@ -117,3 +151,34 @@ def diversity(records: Sequence[dict[str, Any]], plans: Sequence[CasePlan], prof
         "symptom_sets": {k: {"cases": counts[k], "distinct": len(v)} for k, v in
                          sorted(sets.items(), key=lambda kv: -counts[kv[0]])},
     }
+
+
+def by_source(cases: Sequence[Any]) -> dict[str, int]:
+    """Validated cases (:class:`mdd.cases.Case`) counted by provenance: synthetic, real, unstated."""
+    c = Counter(getattr(x, "source", None) or "unstated" for x in cases)
+    return {k: c[k] for k in ("synthetic", "real", "unstated") if c[k]}
+
+
+def mixed(counts: dict[str, int]) -> bool:
+    """Synthetic cases together with real (or unstated) ones."""
+    return bool(counts.get("synthetic")) and bool(counts.get("real") or counts.get("unstated"))
+
+
+def run_figures(cases: Sequence[Any]) -> dict[str, Any] | None:
+    """A run's synthetic cases against their profile (the figures :func:`diversity` gives, from the records
+    alone); per profile when they come from several. None: the run has no synthetic case."""
+    from mdd.cases.plan import ProfileError, load_profile
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in cases:
+        if getattr(c, "source", None) == "synthetic":
+            groups.setdefault(c.profile or "?", []).append({**c.to_record(), "年龄": c.age})  # exact age: bands
+    if not groups:
+        return None
+    out: dict[str, Any] = {}
+    for name, records in groups.items():
+        try:
+            out[name] = diversity(records, None, load_profile(name))
+        except ProfileError as exc:
+            out[name] = {"cases": len(records), "error": str(exc)}
+    return out

@@ -232,11 +232,14 @@ def case_seed(run_seed: int, profile: str, index: int) -> int:
     return int.from_bytes(h[:6], "big")
 
 
+ID_LETTERS = "bcdfghjklpqrstvwxz"  # no vowel, no m or n: a tag never spells a pinyin syllable (a name)
+
+
 def id_tag(run_seed: int, profile: str) -> str:
     """Four letters naming (seed, profile), so ids of different runs do not collide; the id stays a
-    plain serial (``mdd.privacy``): letters, a dash, six digits."""
+    plain serial to ``mdd.privacy`` (``syn`` + four of :data:`ID_LETTERS`, a dash, six digits)."""
     h = hashlib.sha256(f"{run_seed}:{profile}".encode()).digest()
-    return "".join(chr(ord("a") + b % 26) for b in h[:4])
+    return "".join(ID_LETTERS[b % len(ID_LETTERS)] for b in h[:4])
 
 
 def _pick_weighted(rng: random.Random, table: dict[str, float]) -> str:

@@ -24,7 +24,7 @@ from mdd.cases import validate_record
 from mdd.cases.check import Finding, check_case
 from mdd.cases.diversity import diversity
 from mdd.cases.plan import CasePlan, load_profile, synthesize_plans
-from mdd.cases.write import CaseWriter, ScriptedCaseWriter
+from mdd.cases.write import CaseWriteError, CaseWriter, ScriptedCaseWriter
 
 REJECT_SCHEMA = pa.schema([pa.field("case_id", pa.string()), pa.field("rule", pa.string()),
                            pa.field("field", pa.string()), pa.field("reason", pa.string())])
@@ -55,15 +55,47 @@ def review(record: dict[str, Any], position: int = 0) -> tuple[Any, list[Finding
     return case, check_case(case)
 
 
+def _write_all(writer: CaseWriter, jobs: list[tuple[CasePlan, list[Finding]]]) -> list[Any]:
+    """Each job's record or :class:`CaseWriteError`: a writer's ``write_many`` (an engine's calls in
+    flight together) when it has one, else ``write`` one by one."""
+    many = getattr(writer, "write_many", None)
+    if many is not None:
+        return list(many(jobs))
+    out: list[Any] = []
+    for plan, failed in jobs:
+        try:
+            out.append(writer.write(plan, failed))
+        except CaseWriteError as exc:
+            out.append(exc)
+    return out
+
+
+def _review(plan: CasePlan, written: Any, position: int) -> list[Finding]:
+    if isinstance(written, CaseWriteError):
+        return [Finding(plan.case_id, "writer_output", "(record)", str(written))]
+    return review(written, position)[1]
+
+
+def write_passes(writer: CaseWriter, plans: list[CasePlan]) -> list[tuple[dict[str, Any] | None, list[Finding], list[Finding]]]:
+    """Per plan: (record or None, first-pass findings, findings left after the repair pass). The first
+    pass writes every plan; the second rewrites those with findings, told which rules failed."""
+    first = _write_all(writer, [(p, []) for p in plans])
+    found = [_review(p, w, i) for i, (p, w) in enumerate(zip(plans, first))]
+    redo = [i for i, f in enumerate(found) if f]
+    second = dict(zip(redo, _write_all(writer, [(plans[i], found[i]) for i in redo])))
+    out = []
+    for i, plan in enumerate(plans):
+        if not found[i]:
+            out.append((first[i], [], []))
+            continue
+        left = _review(plan, second[i], i)
+        out.append((None if left else second[i], found[i], left))
+    return out
+
+
 def write_one(writer: CaseWriter, plan: CasePlan, position: int) -> tuple[dict[str, Any] | None, list[Finding], list[Finding]]:
-    """(record or None, first-pass findings, findings left after the repair pass)."""
-    record = writer.write(plan)
-    _, first = review(record, position)
-    if not first:
-        return record, [], []
-    record = writer.write(plan, first)  # one more pass, told which rules failed
-    _, left = review(record, position)
-    return (record if not left else None), first, left
+    """(record or None, first-pass findings, findings left after the repair pass) of one plan."""
+    return write_passes(writer, [plan])[0]
 
 
 def synthesize_cases(n: int, profile: str, out: str | Path, seed: int = 0,
@@ -78,8 +110,7 @@ def synthesize_cases(n: int, profile: str, out: str | Path, seed: int = 0,
     first_by_rule: Counter[str] = Counter()
     rejected_by_rule: Counter[str] = Counter()
     repaired = 0
-    for i, plan in enumerate(plans):
-        record, first, left = write_one(writer, plan, i)
+    for plan, (record, first, left) in zip(plans, write_passes(writer, plans)):
         first_by_rule.update({r: 1 for r in {f.rule for f in first}})
         if record is None:
             rejected_by_rule.update({r: 1 for r in {f.rule for f in left}})
@@ -96,7 +127,9 @@ def synthesize_cases(n: int, profile: str, out: str | Path, seed: int = 0,
                              rejected_by_rule=dict(rejected_by_rule), diversity=diversity(records, kept, prof))
     result.seconds = round(time.perf_counter() - t0, 2)
     (out / "synthesis.json").write_text(json.dumps({"profile": prof.name, "profile_source": prof.source, "seed": seed,
-                                                    "writer": writer.name, **result.summary()},
+                                                    "writer": writer.name, "writer_model": getattr(writer, "model", None),
+                                                    "writer_usage": dict(getattr(writer, "usage", {}) or {}),
+                                                    **result.summary()},
                                                    ensure_ascii=False, indent=2), encoding="utf-8")
     return result
 

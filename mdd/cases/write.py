@@ -8,8 +8,12 @@ sample cases. A writer on an engine (an LLM through :mod:`mdd.engines`) keeps th
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import random
+import re
 import zlib
+from collections import Counter
 from typing import Any, Protocol, Sequence
 
 from mdd import knowledge
@@ -83,7 +87,8 @@ def present_illness(plan: CasePlan) -> str:
     else:
         onset = f"患者{plan.duration_text}前无明显诱因出现"
     current = [s for s in plan.present if s not in ("mania_screen", "risk_ideation")]
-    parts = [onset + "，".join(_phrase(plan, s) for s in current[:3]) + "。"]
+    # no symptom drawn (a counselling case, Z71): the history says what brings the person, never "出现。"
+    parts = [onset + ("，".join(_phrase(plan, s) for s in current[:3]) or "心理困扰，希望得到咨询和建议") + "。"]
     if current[3:]:
         parts.append("此外" + "，".join(_phrase(plan, s) for s in current[3:]) + "。")
     if "mania_screen" in plan.present:
@@ -162,14 +167,95 @@ def treatment(plan: CasePlan) -> str:
     return text + (" 防消极" if risk else "")
 
 
+def _drug_classes(key: str) -> set[str]:
+    """The checker's classes of a plan drug (its record text read by :func:`mdd.cases.check.prescribed`)."""
+    from mdd.cases.check import _k, prescribed
+
+    text = knowledge.load_yaml("case_plans.yaml")["drugs"][key]["text"]
+    return {_k()["drugs"][n]["class"] for n in prescribed(text)}
+
+
+def mend(plan: CasePlan, failed: Sequence[Any]) -> CasePlan:
+    """A copy of ``plan`` changed where the checker's findings ``failed`` point: the offending items are
+    dropped or rewritten, the rest kept (what a second writing pass told of the rules does)."""
+    from mdd.cases.check import _k, _lookup
+    from mdd.cases.plan import _duration, _work
+
+    rules = {f.rule for f in failed}
+    content, k = knowledge.load_yaml("case_plans.yaml"), _k()
+    p = CasePlan.from_dict(plan.to_dict())
+    rng = random.Random(plan.wording + 7)
+    if "age_occupation" in rules:  # school stage or job as the age has it
+        p.work = _work(rng, p.age, p.gender, content)
+    if "age_marital" in rules and p.age < k["min_married_age"]:
+        p.marital = "未婚。"
+    if "gender_specific" in rules:
+        lo, hi = k["pregnancy_ages"]
+        if p.gender == "男" or not lo <= p.age <= hi:
+            p.postpartum, p.breastfeeding, p.pregnant_weeks = False, False, 0
+        if p.gender == "男":
+            p.menstrual = "无"
+        elif p.age < k["min_menarche_age"]:
+            p.menstrual = "未初潮。"
+        elif p.age >= 60:
+            p.menstrual = "已绝经。"
+    if "diagnosis_symptoms" in rules:  # each diagnosis' core symptom (its highest prevalence) is present
+        for prefix in p.prefixes:
+            core = max(content["diagnoses"][prefix]["symptoms"].items(), key=lambda kv: kv[1])[0]
+            if core not in p.present:
+                p.present.append(core)
+            p.absent = [a for a in p.absent if a != core]
+    if "duration_criteria" in rules:  # the complaint's duration inside every code's criteria
+        crits = [c for code, _ in p.codes if (c := _lookup(k["durations"], code.upper()))]
+        lo = max([c["min"] for c in crits if "min" in c], default=1)
+        hi = min([c["max"] for c in crits if "max" in c], default=10**6)
+        p.days, p.duration_text = _duration(min(max(p.days, lo), max(hi, lo)), lo)
+        if p.days < 120:
+            p.worse_text = ""
+    if "treatment_age" in rules:
+        drugs = content["drugs"]
+        p.drugs = [] if p.age < k["min_drug_age"] else [d for d in p.drugs if drugs[d].get("min_age", 0) <= p.age]
+    if "treatment_pregnancy" in rules:
+        p.drugs = [d for d in p.drugs if content["drugs"][d].get("pregnancy") != "avoid"]
+    if "treatment_diagnosis" in rules:
+        prefixes = {c[:3] for c, _ in p.codes}
+        classes = set().union(*(_drug_classes(d) for d in p.drugs)) if p.drugs else set()
+        drop = set()
+        if not prefixes & set(k["stimulant_prefixes"]):
+            drop.add("stimulant")
+        if prefixes & set(k["bipolar_prefixes"]) and not classes & {"mood_stabilizer", "antipsychotic"}:
+            drop.add("antidepressant")
+        p.drugs = [d for d in p.drugs if not _drug_classes(d) & drop]
+        if prefixes & set(k["psychotic_prefixes"]) and not any("antipsychotic" in _drug_classes(d) for d in p.drugs):
+            p.drugs = []  # no drug rather than a psychotic disorder treated without an antipsychotic
+    return p
+
+
+_CALM = {"情感": "mood_even", "感知": "perception", "意志、行为": "will", "注意": "attention", "躯体症状": "body"}
+
+
 class ScriptedCaseWriter:
-    """The offline writer: words a plan in the register of the sample cases. It follows the plan, so a
-    second pass told of failed rules writes the same record: what the checker finds in it is a fault of
-    the plan or of this writer, and the case is rejected with the rule names."""
+    """The offline writer: words a plan in the register of the sample cases. A second pass told of
+    failed rules writes the :func:`mend`-ed plan (offending items dropped or rewritten) and puts an exam
+    finding the history denies back to its normal wording; what the checker still finds then is a fault
+    of the plan or of this writer, and the case is rejected with the rule names."""
 
     name = "scripted"
 
     def write(self, plan: CasePlan, failed: Sequence[Any] = ()) -> dict[str, Any]:
+        if failed:
+            plan = mend(plan, failed)
+        rec = self._record(plan)
+        for f in failed:  # mse_history: the exam's sub-field the history denies, in its normal wording
+            if f.rule == "mse_history" and f.field.startswith("精神检查."):
+                key = f.field.split(".", 1)[1]
+                if key == "思维":
+                    rec["精神检查"][key] = "思维连贯，" + _say(plan, "no_delusion")
+                elif key in _CALM:
+                    rec["精神检查"][key] = _say(plan, _CALM[key])
+        return rec
+
+    def _record(self, plan: CasePlan) -> dict[str, Any]:
         rec: dict[str, Any] = {
             "患者": plan.case_id,
             "年龄": plan.age,
@@ -195,6 +281,90 @@ class ScriptedCaseWriter:
         }
         rec.update(provenance(plan))
         return rec
+
+
+class CaseWriteError(ValueError):
+    """A writer's text that holds no case record (the checker's rule ``writer_output``)."""
+
+
+_FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$")
+
+
+def parse_record(text: str) -> dict[str, Any]:
+    """The JSON object an engine wrote (code fences and words around it allowed)."""
+    body = _FENCE.sub("", text or "")
+    start, end = body.find("{"), body.rfind("}")
+    if start < 0 or end <= start:
+        raise CaseWriteError(f"no JSON object in the writer's {len(text or '')} characters")
+    try:
+        rec = json.loads(body[start:end + 1])
+    except json.JSONDecodeError as exc:
+        raise CaseWriteError(f"the writer's JSON does not parse ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(rec, dict):
+        raise CaseWriteError(f"the writer's JSON is a {type(rec).__name__}, not an object")
+    return rec
+
+
+SYSTEM = "你是精神科门诊医生，负责按要素书写门诊病历。只输出一个JSON对象，不要输出其他内容。"
+
+
+class EngineCaseWriter:
+    """The case writer on an engine (:mod:`mdd.engines`: scripted, vLLM, OpenAI-compatible): it sends
+    :func:`prompt` (the plan's facts; on a repair pass the failed rules and their reasons) as one
+    ``generate`` call (agent ``case_writer``, op ``CaseWrite``) and reads the record from the JSON it
+    answers. The case id and the provenance (``source``, ``profile``, ``plan_seed``) are the plan's,
+    whatever the model wrote. ``write_many`` keeps up to ``in_flight`` calls in flight (an engine
+    batches them)."""
+
+    name = "engine"
+
+    def __init__(self, engine: Any, sampling: Any = None, in_flight: int = 16):
+        from mdd.engines.base import Sampling
+
+        self.engine = engine
+        self.model = getattr(engine, "model", "")
+        self.sampling = sampling or Sampling(temperature=0.7, top_p=0.9, max_tokens=3072)
+        self.in_flight = in_flight
+        self.usage: Counter = Counter()  # calls, prompt_tokens, output_tokens, unparseable
+
+    def request(self, plan: CasePlan, failed: Sequence[Any] = ()) -> Any:
+        from dataclasses import replace
+
+        from mdd.engines.base import Message, Request
+
+        return Request(messages=(Message("system", SYSTEM), Message("user", prompt(plan, failed))),
+                       sampling=replace(self.sampling, seed=(plan.plan_seed + len(failed)) % 2**31),
+                       agent="case_writer", op="CaseWrite", session=plan.case_id,
+                       context={"plan": plan.to_dict(), "failed": [f.as_row() for f in failed]})
+
+    async def awrite(self, plan: CasePlan, failed: Sequence[Any] = ()) -> dict[str, Any]:
+        done = await self.engine.generate(self.request(plan, failed))
+        self.usage.update(calls=1, prompt_tokens=done.prompt_tokens, output_tokens=done.output_tokens)
+        try:
+            rec = parse_record(done.text)
+        except CaseWriteError:
+            self.usage["unparseable"] += 1
+            raise
+        rec["患者"] = plan.case_id
+        rec.update(provenance(plan))
+        return rec
+
+    def write(self, plan: CasePlan, failed: Sequence[Any] = ()) -> dict[str, Any]:
+        return asyncio.run(self.awrite(plan, failed))
+
+    def write_many(self, jobs: Sequence[tuple[CasePlan, Sequence[Any]]]) -> list[dict[str, Any] | CaseWriteError]:
+        """Every (plan, failed) job's record, or the :class:`CaseWriteError` its text gave, in order."""
+        async def run() -> list[Any]:
+            gate = asyncio.Semaphore(self.in_flight)
+
+            async def one(plan: CasePlan, failed: Sequence[Any]) -> Any:
+                async with gate:
+                    try:
+                        return await self.awrite(plan, failed)
+                    except CaseWriteError as exc:
+                        return exc
+            return await asyncio.gather(*(one(p, f) for p, f in jobs))
+        return asyncio.run(run())
 
 
 def prompt(plan: CasePlan, failed: Sequence[Any] = ()) -> str:

@@ -160,3 +160,15 @@ class ScriptedEngine(EngineBase):
         t = ctx["triple"]
         points = [short_point(triple_phrase(t["people"], t["event"])), "这件事带来的影响", "当时的感受和应对"]
         return json.dumps({"points": points[: rng.choice((2, 3))]}, ensure_ascii=False)
+
+    # --- case writer (mdd.cases.write.EngineCaseWriter) ---------------------------------
+
+    def _CaseWrite(self, ctx: dict[str, Any], rng: random.Random) -> str:
+        """The scripted case writer's record for the plan in ``context`` (mended for ``failed``), as JSON."""
+        from mdd.cases.check import Finding
+        from mdd.cases.plan import CasePlan
+        from mdd.cases.write import ScriptedCaseWriter
+
+        plan = CasePlan.from_dict(ctx["plan"])
+        failed = [Finding(**f) for f in ctx.get("failed") or []]
+        return json.dumps(ScriptedCaseWriter().write(plan, failed), ensure_ascii=False)

@@ -168,7 +168,8 @@ def patient_answer(ctx: dict[str, Any], rng: random.Random) -> str:
     to it instead of saying it over."""
     text = _answer(ctx, rng)
     said = ctx.get("said") or ""
-    if ctx.get("attempt") and _mostly_said(text, said):
+    # (or what the doctor's question just quoted, e.g. the companion's words: said again it is an echo)
+    if ctx.get("attempt") and _mostly_said(text, said + (ctx.get("question") or "")):
         ph = style_book().scripted
         again = [o.format(since=ctx.get("since") or "一阵子") for o in ph.get("time_again") or ()]
         text = _fresh(rng, again, said) or _pick(rng, ["还是那样。", "跟刚才一样。", "就是那样。"])  # short: may recur
@@ -229,7 +230,8 @@ def _answer(ctx: dict[str, Any], rng: random.Random) -> str:
                 story = f"还是{t.get('time', '')}那件事，到现在也没放下"
     if kind == "impact":
         words = ph.get("function_words") or ()
-        daily = [c for c in hit + clauses(ctx.get("story", "")) if any(w in c for w in words) and c not in said]
+        daily = list(dict.fromkeys(c for c in hit + clauses(ctx.get("story", ""))  # a clause of both: once
+                                   if any(w in c for w in words) and c not in said))
         if daily:
             return fit_first([lead + _pick(rng, ph.get("impact"), "影响挺大的，") + daily[0]] + daily[1:2], budget)
     if not hit and not story:

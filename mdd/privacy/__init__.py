@@ -385,12 +385,19 @@ _PLAIN_ID = re.compile(r"(?i)(?:[a-z]{1,3}|" + "|".join(_SERIAL_WORDS) + r")?[-_
 _YEARISH = re.compile(r"(?:19|20)[0-9]{2}")
 
 
+# a synthetic case's serial (mdd.cases.plan.id_tag): "syn", four letters without a vowel (no pinyin syllable,
+# so no name), a dash, six digits
+_SYNTHETIC_ID = re.compile(r"syn[bcdfghjklpqrstvwxz]{4}-[0-9]{6}")
+
+
 def looks_personal_id(case_id: str) -> bool:
     """True unless the id is plainly a serial: at most 3 ASCII letters or a serial word (patient,
     case, sample, subject, record …), an optional - or _, and at most 6 digits ("S01", "1", "pa20",
     "patient_12", "case-000123"). Names in any script (zhangwei1987, 张三), digits that could be a
     birth year (S1987) or date (case-870512), numbers of 7+ digits and anything the pattern set
     finds are personal."""
+    if _SYNTHETIC_ID.fullmatch(case_id):
+        return False
     m = _PLAIN_ID.fullmatch(case_id)
     if not m:
         return True

@@ -16,7 +16,7 @@ import pyarrow as pa
 import yaml
 
 from mdd.publish.run_data import USAGE_FIELDS, RunData, usage_by_model
-from mdd.publish.stats import headline, reference
+from mdd.publish.stats import case_sources, headline, reference
 from mdd.storage import Store
 
 CARD_FILE = "README.md"
@@ -155,6 +155,11 @@ def limitations(run: RunData, engine: str | None, model: str | None) -> list[str
         items.append("Written by the offline `scripted` engine (a dry run): the doctor's questions and the "
                      "patient's answers are templates filled from the case, not model text. Use it to see the "
                      "pipeline and the schema, not to train a model.")
+    synthetic = case_sources(run).get("synthetic")
+    if synthetic:
+        items.append(f"{synthetic['case_share']:.0%} of the patient cases are synthetic records drawn from a profile's "
+                     "priors (`mdd cases synthesize`), not patients: their mix of diagnoses, ages and symptoms follows "
+                     "the profile, their wording the case writer (see Case sources).")
     if model and str(model).startswith("tiny:"):
         items.append("Written by a tiny random-weight model: its text is noise by design (it proves the engine path).")
     items += [
@@ -237,6 +242,7 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
               "past experience drawn from a knowledge graph; a tool agent decides topic ends, duplicates and the "
               "experience branch. The full resolved configuration is in `run.json` (`synthesize.config`).", "",
               _md_table([{"": k, "value": v} for k, v in made.items() if v not in (None, "")], ["", "value"]), ""]
+    parts += _sources_section(run, syn)
     usage = usage_by_model(run)
     if usage:
         parts += ["## Cost by model", "",
@@ -323,4 +329,36 @@ def _export_section(run: RunData) -> list[str]:
                             ["format", "rows", "files", "filters"]), ""]
     else:
         lines += ["Not exported in this run yet: `mdd export --out OUT --format sft` writes it.", ""]
+    return lines
+
+
+SOURCE_TEXT = {"synthetic": "synthetic records (`source: synthetic`, with the profile and plan seed they were drawn from)",
+               "real": "real records (`source: real`)",
+               "unstated": "records that do not state their source (e.g. the sample cases, hospital files)"}
+
+
+def _sources_section(run: RunData, syn: dict[str, Any]) -> list[str]:
+    """The share of each case source (the dialogue table's ``case_source``), and the synthetic cases'
+    fidelity to their profile (run.json ``synthesize.synthetic_cases``)."""
+    sources = case_sources(run)
+    if not sources:
+        return []
+    lines = ["## Case sources", "",
+             "Where the patient cases come from (each dialogue's `case_source`, `case_profile`, `case_plan_seed`)"
+             + (". This run mixes sources (allowed by `synth.allow_mixed_sources`): split or filter by "
+                "`case_source`." if len(sources) > 1 else "."), "",
+             _md_table([{"source": k, "what": SOURCE_TEXT[k], "cases": f"{v['cases']:,}",
+                         "share of cases": f"{v['case_share']:.1%}", "dialogues": f"{v['dialogues']:,}",
+                         "share of dialogues": f"{v['dialogue_share']:.1%}"} for k, v in sources.items()],
+                       ["source", "what", "cases", "share of cases", "dialogues", "share of dialogues"]), ""]
+    for profile, d in (syn.get("synthetic_cases") or {}).items():
+        if "js_distance" not in d:
+            continue
+        nd = d.get("near_duplicates") or {}
+        lines += [f"Synthetic cases of profile `{profile}` ({d.get('cases', 0):,}): Jensen-Shannon distance to the "
+                  "profile " + ", ".join(f"{k} {v:.4f}" for k, v in d["js_distance"].items())
+                  + f"; near-duplicates (character {nd.get('shingle_chars', 5)}-gram Jaccard >= "
+                  f"{nd.get('threshold', 0.8)}) {nd.get('share', 0):.1%}; distinct symptom sets "
+                  + ", ".join(f"{k} {v['distinct']} of {v['cases']}" for k, v in list(d["symptom_sets"].items())[:4])
+                  + ".", ""]
     return lines

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from mdd.publish import plots
 from mdd.publish.run_data import RunData, usage_by_model
-from mdd.publish.stats import headline, icd_prefix, reference, rule_counts, shape
+from mdd.publish.stats import case_sources, headline, icd_prefix, reference, rule_counts, shape
 from mdd.schema import METRICS
 from mdd.storage import StorageError, Store
 
@@ -345,12 +345,19 @@ def _cost(ctx: Context) -> Panel:
     if by_model:
         blocks += ["<h3>By model, the last synthesis invocation</h3>"] + [
             f"<h4>{esc(k)}</h4>{mapping_block(v)}" for k, v in by_model.items()]
-        cost_fig = {k: {m: (sum(x.values()) if isinstance(x, Mapping) else x) for m, x in v.items()
-                        if isinstance(x, (int, float, Mapping))} for k, v in by_model.items()}
+        cost_fig = {k: {m: _total(x) for m, x in v.items() if isinstance(x, (int, float, Mapping))}
+                    for k, v in by_model.items()}
         figs.append(("cost_by_model", plots.bar_grid({k: v for k, v in cost_fig.items() if v}, title="By model")))
     else:
         blocks.append(note("Cost by model: not available in this run (one engine for every role)."))
     return Panel(figures=figs, blocks=blocks)
+
+
+def _total(x: Any) -> float:
+    """A count, or the sum of a (nested) mapping of counts (usage_by_model_and_role: model -> role -> counts)."""
+    if isinstance(x, Mapping):
+        return sum(_total(v) for v in x.values())
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else 0
 
 
 @panel("problems", "Failures and rejects")
@@ -370,6 +377,36 @@ def _problems(ctx: Context) -> Panel:
         rows = [{**r, "error": (r.get("error") or "").splitlines()[0][:200]} for r in fail.to_pylist()]
         blocks += ["<h3>Failures</h3>", html_table(rows, limit=50)]
     return Panel(figures=figs, blocks=blocks)
+
+
+@panel("synthetic_cases", "Case sources and synthetic cases' fidelity")
+def _synthetic_cases(ctx: Context) -> Panel:
+    syn = ctx.run.section("synthesize") or {}
+    sources = case_sources(ctx.run)
+    figures = syn.get("synthetic_cases") or {}
+    if not sources and not figures:
+        raise NotAvailable("no case_source column in synth/ (a run older than case provenance)")
+    blocks = [html_table([{"source": k, **v} for k, v in sources.items()],
+                         ["source", "cases", "case_share", "dialogues", "dialogue_share"])]
+    if not figures:
+        blocks.append(note("No synthetic case in this run: no fidelity figures (mdd cases synthesize writes "
+                           "synthetic cases; 'unstated' is a record that does not say its source)."))
+    rows, sets = [], []
+    for profile, d in figures.items():
+        if "js_distance" not in d:
+            blocks.append(note(f"profile {profile}: {d.get('error')}"))
+            continue
+        nd = d.get("near_duplicates") or {}
+        rows.append({"profile": profile, "cases": d.get("cases"),
+                     **{f"JS {k}": v for k, v in d["js_distance"].items()},
+                     "near-duplicate share": nd.get("share"), "nearest Jaccard max": nd.get("max_jaccard")})
+        sets += [{"profile": profile, "first diagnosis": k, "cases": v["cases"], "distinct symptom sets": v["distinct"]}
+                 for k, v in d.get("symptom_sets", {}).items()]
+    if rows:
+        blocks += [note("Jensen-Shannon distance (base 2; 0 = the profile's mix) per attribute, near-duplicates by "
+                        "character 5-gram Jaccard >= 0.8 to the nearest other case, symptom sets the histories state."),
+                   html_table(rows), html_table(sets, limit=12)]
+    return Panel(blocks=blocks)
 
 
 @panel("exemplars", "Exemplars shown to the doctor")

@@ -123,6 +123,9 @@ def headline(run: RunData, ref: dict[str, Any] | None = None) -> dict[str, Any]:
     if calls.get("per_exchange") is not None:
         h["llm_calls_per_exchange"] = calls["per_exchange"]
     counts = syn.get("counts") or {}
+    sources = case_sources(run)
+    if sources:
+        h["case_sources"] = {k: v["dialogue_share"] for k, v in sources.items()}
     h["cases_rejected"] = counts.get("cases_rejected", 0)
     h["dialogues_failed"] = run.failures.num_rows if run.failures is not None else counts.get("dialogues_failed", 0)
     return h
@@ -130,3 +133,17 @@ def headline(run: RunData, ref: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def top(counter: Counter, n: int) -> dict[str, int]:
     return dict(counter.most_common(n))
+
+
+def case_sources(run: RunData) -> dict[str, dict[str, Any]]:
+    """Per case source (synthetic, real, unstated: the record did not say): the dialogues and cases of the
+    dialogue table and their shares ({} for a table without ``case_source``)."""
+    src, ids = run.column("synth", "case_source"), run.column("synth", "case_id")
+    if src is None or not src:
+        return {}
+    dialogues = Counter(s or "unstated" for s in src)
+    cases = Counter(s or "unstated" for s in dict(zip(ids or [], src)).values())
+    nd, nc = sum(dialogues.values()), max(sum(cases.values()), 1)
+    return {k: {"dialogues": dialogues[k], "dialogue_share": round(dialogues[k] / nd, 4), "cases": cases[k],
+                "case_share": round(cases[k] / nc, 4)}
+            for k in ("synthetic", "real", "unstated") if dialogues[k]}

@@ -50,9 +50,10 @@ def test_reference_layout_pastes_a_window_of_turns(recorded):
     turns = [ln for ln in msg.content.split("\n") if ln.startswith(("医生：", "患者："))]
     assert 0 < len(turns) <= replay.REF_WINDOW
     # the call's own instruction comes last; earlier turns' instructions are not pasted
-    instruction = late.messages[-1].content.rpartition("\n\n【")[2]
-    assert instruction and msg.content.endswith(instruction)
-    assert msg.content.count("\n\n【") == 1
+    instruction = late.messages[-1].content.rpartition("\n\n")[2]
+    assert instruction and msg.content.endswith("\n\n" + instruction)
+    earlier = [m.content.rpartition("\n\n")[2] for m in late.messages[1:-1] if m.role == "user" and "\n\n" in m.content]
+    assert earlier and not any(e in msg.content for e in earlier if e != instruction)
 
 
 def test_reference_topic_end_covers_the_topic_turns(recorded):

@@ -69,9 +69,9 @@ def test_crash_mid_stage_keeps_the_previous_outputs(evaluated, capsys, monkeypat
 
     monkeypatch.setattr(stage.aggregate, "coverage_of", crash)
     capsys.readouterr()
-    assert evaluate_main(["--config", "configs/local.yaml", "--out", str(out), "--quiet"]) == 1
+    assert evaluate_main(["--config", "configs/local.yaml", "--out", str(out), "--quiet"]) == 2  # one line, exit 2
     err = _one_line_error(capsys)
-    assert "No space left on device" in err
+    assert "no space left on the device" in err.lower()
     assert f"{out}/eval/, {out}/index/ and run.json['evaluate'] are unchanged" in err
     assert _snapshot(out) == before and not (out / ".staging").exists()
 
@@ -84,7 +84,7 @@ def test_unreadable_shard_fails_evaluation_then_synthesis_redoes_it(evaluated, c
     good = shard.read_bytes()
     shard.write_bytes(good[: len(good) // 2])  # a truncated copy
     capsys.readouterr()
-    assert evaluate_main(["--config", "configs/local.yaml", "--out", str(out), "--quiet"]) == 1
+    assert evaluate_main(["--config", "configs/local.yaml", "--out", str(out), "--quiet"]) == 2  # one line, exit 2
     err = _one_line_error(capsys)
     assert shard.name in err and "cannot be read" in err
     assert (out / "eval").exists() and shard.exists()  # evaluation moves nothing
@@ -108,6 +108,6 @@ def test_foreign_parquet_is_refused_by_both_stages(evaluated, capsys, tmp_path):
     capsys.readouterr()
     assert _synthesize(cases, out) == 2
     assert "scores.parquet is not a dialogue shard" in _one_line_error(capsys)
-    assert evaluate_main(["--config", "configs/local.yaml", "--out", str(out), "--quiet"]) == 1
+    assert evaluate_main(["--config", "configs/local.yaml", "--out", str(out), "--quiet"]) == 2  # one line, exit 2
     assert "scores.parquet is not a dialogue shard" in _one_line_error(capsys)
     assert _snapshot(out) == before and not (out / "quarantine").exists()

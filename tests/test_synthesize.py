@@ -119,12 +119,12 @@ def test_failing_dialogues_are_recorded_and_the_rest_finish(ray_session, tmp_pat
 
 
 def test_unparseable_cases_file_exits_nonzero(tmp_path):
-    f = tmp_path / "broken.json"
+    f = tmp_path / "cases.json"  # a plain file name: outputs name it (a personal-looking one is hashed)
     f.write_text("[{\"患者\": 1,", encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "jobs.synthesize", "--config", "configs/local.yaml", "--cases", str(f),
                            "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "broken.json" in proc.stderr and "not valid JSON" in proc.stderr
+    assert "cases.json" in proc.stderr and "not valid JSON" in proc.stderr
 
 
 def test_kill_dash_nine_then_rerun_gives_every_dialogue_once(tmp_path, scaled_cases):

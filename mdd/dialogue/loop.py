@@ -18,6 +18,7 @@ from typing import Any
 
 from mdd.cases import Case
 from mdd.config import DialogueConfig
+from mdd.evaluate.rule_set import age_range
 from mdd.dialogue import guards, ops
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
@@ -527,6 +528,7 @@ class Dialogue:
             "treatment": c.treatment,
             "gender": c.gender,
             "age": c.age_public,
+            "age_range": age_range(c.age),
             "n_turns": sum(1 for t in self.turns if t["speaker"] == "doctor"),
             "n_exchanges": self.exchanges,
             "engine": self.engine.name,

@@ -48,6 +48,8 @@ whose diagnosis requires the item: some doctor question must ask it.
 """
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -108,13 +110,19 @@ class Meta:
     icd_prefix: tuple[str, ...] = ()  # one code of the dialogue must start with one of these
 
     def check(self, age: Any, gender: Any, companion: Any = None,
-              icd_code: Any = None) -> tuple[bool, dict[str, Any]]:
+              icd_code: Any = None, age_range: Any = None) -> tuple[bool, dict[str, Any]]:
         ev: dict[str, Any] = {"age": age, "gender": gender}
         ok = True
         if self.companion is not None:
             ev["companion"] = companion
             ok = bool(companion) == self.companion
-        if self.age_min is not None or self.age_max is not None:
+        if (self.age_min is not None or self.age_max is not None) and age_range is not None and len(age_range) == 2:
+            # the published age is rounded to tens; the row's age_range (decided from the exact age, cut at
+            # every age any rule or checklist item tests: age_cuts) says which side of each test it is on
+            lo, hi = int(age_range[0]), int(age_range[1])
+            ev["age_range"] = [lo, hi]
+            ok = ok and (self.age_min is None or lo >= self.age_min) and (self.age_max is None or hi <= self.age_max)
+        elif self.age_min is not None or self.age_max is not None:
             try:
                 a = int(age) if age is not None else None
             except (TypeError, ValueError):
@@ -482,3 +490,32 @@ __all__ = [
     "parse_rule_id",
     "parse_rule_set",
 ]
+
+
+AGE_TOP = 150
+
+
+@functools.lru_cache(maxsize=1)
+def age_cuts() -> tuple[int, ...]:
+    """Every age at which a test of the checklist (``by_age``) or of a rule set's ``meta`` (``age_min``,
+    ``age_max`` + 1) changes its answer: the bounds of a row's ``age_range``."""
+    import re as _re
+
+    from mdd import checklist, knowledge
+
+    cuts = set()
+    for r in checklist.load().by_age:
+        cuts.update(x for x in (r.age_min, None if r.age_max is None else r.age_max + 1) if x is not None)
+    for path in sorted((knowledge.HERE / "rules").glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        cuts.update(int(x) for x in _re.findall(r"age_min:\s*(\d+)", text))
+        cuts.update(int(x) + 1 for x in _re.findall(r"age_max:\s*(\d+)", text))
+    return tuple(sorted(c for c in cuts if 0 < c < AGE_TOP))
+
+
+def age_range(age: int) -> list[int]:
+    """The span between two of :func:`age_cuts` that holds ``age`` (e.g. 13-17): what the rules need
+    to know of an exact age that every output rounds to tens."""
+    lo = max((c for c in age_cuts() if c <= age), default=0)
+    hi = min((c for c in age_cuts() if c > age), default=AGE_TOP + 1) - 1
+    return [lo, hi]

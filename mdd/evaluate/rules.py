@@ -63,6 +63,7 @@ class DialogueView:
     dialogue_id: str
     exchanges: tuple[Exchange, ...]
     age: Any = None
+    age_range: Any = None  # [lo, hi] from the exact age (rule_set.age_range); the age itself is rounded
     gender: Any = None
     diagnosis: str | None = None
     icd_code: str | None = None
@@ -110,6 +111,7 @@ class DialogueView:
             dialogue_id=did,
             exchanges=tuple(Exchange(i, d, p, c) for i, (d, p, c) in enumerate(exchanges)),
             age=rec.get("age"),
+            age_range=rec.get("age_range"),
             gender=rec.get("gender"),
             diagnosis=rec.get("diagnosis"),
             icd_code=rec.get("icd_code"),
@@ -230,7 +232,7 @@ class _Run:
     async def _precondition(self, view: DialogueView, cond: Condition, rule: Rule) -> Anchor:
         ev: dict[str, Any] = {}
         if cond.meta is not None:
-            meta_ok, mev = cond.meta.check(view.age, view.gender, view.companion, view.icd_code)
+            meta_ok, mev = cond.meta.check(view.age, view.gender, view.companion, view.icd_code, view.age_range)
             ev["meta"] = {**mev, "test": cond.meta.describe(), "ok": meta_ok}
             if meta_ok and (cond.combine == "any" or not cond.has_text_test):
                 return Anchor(0, {**ev, "source": "meta"})

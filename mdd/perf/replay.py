@@ -33,9 +33,10 @@ class Recording(EngineBase):
 
 
 def _split_instruction(text: str) -> tuple[str, str]:
-    """A user message is "<history turn>\n\n<instruction>" (see ops.with_instruction)."""
-    head, sep, tail = text.rpartition("\n\n【")
-    return (head, "【" + tail) if sep else (text, "")
+    """A user message is "<history turn>\n\n<instruction>" (see ops.with_instruction; an instruction
+    holds no blank line)."""
+    head, sep, tail = text.rpartition("\n\n")
+    return (head, tail) if sep else (text, "")
 
 
 _LABELLED = re.compile(r"^[\u4e00-\u9fff]{1,3}：")

@@ -62,7 +62,7 @@ def test_a_trained_model_writes_a_clean_dialogue(real_run):
     case = load_cases(REPO / "data" / "cases")[0]
     facts = G.RecordFacts.of(case_fields(next(c for c in case if c.case_id == CASE)))
     for row in rows:
-        assert row["engine"] == "vllm" and row["model"] == "qwen2.5-coder-1.5b"
+        assert row["engine"] == "vllm" and row["model"].endswith("qwen2.5-coder-1.5b")  # the fetched folder
         assert row["n_exchanges"] == EXCHANGES  # the cap ends these short interviews
         # every turn the guards let through holds up when the whole dialogue is checked again
         assert not G.check_dialogue(row["turns"], facts, G.is_thought_topic).failures
@@ -71,7 +71,7 @@ def test_a_trained_model_writes_a_clean_dialogue(real_run):
     # the accounting says what happened
     assert g["dialogues"] == VARIANTS and g["dialogues_failed"] == len(failed)
     assert g["turns_generated"]["doctor"] >= EXCHANGES * len(rows)
-    by = run["synthesize"]["usage_by_model_and_role"]["qwen2.5-coder-1.5b"]
+    (by,) = run["synthesize"]["usage_by_model_and_role"].values()  # one model for every role
     assert by["doctor"]["calls"] >= EXCHANGES and by["patient"]["output_tokens"] > 0
     # and the evaluation ran over the clean ones
     turns = pq.read_table(out / "eval" / "turns")

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from mdd.schema import METRICS
 
-DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "gender",
+DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "age_range", "gender",
                     "doctor_persona", "companion", "experience"]
 
 EXCHANGE_SCHEMA = pa.schema(

@@ -33,7 +33,7 @@ from mdd.schema import RULE_RESULT, TURN_EVAL
 log = logging.getLogger("mdd.evaluate")
 
 TABLES = ("turns", "rules", "dialogues", "pairs")
-RULE_COLUMNS = ["dialogue_id", "turns", "age", "gender", "diagnosis", "icd_code", "companion"]
+RULE_COLUMNS = ["dialogue_id", "turns", "age", "age_range", "gender", "diagnosis", "icd_code", "companion"]
 # the high-quality pairs of a shard, with what the index's sidecar shows of them
 PAIR_COLUMNS = ["dialogue_id", "case_id", "turn", "question", "answer", "overall", "doctor_quality",
                 "patient_ability", "diagnosis", "icd_code", "topic", "persona"]

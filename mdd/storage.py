@@ -563,14 +563,7 @@ def innermost(exc: BaseException) -> BaseException:
 
 def describe_error(exc: BaseException) -> str:
     """One line for the user: the innermost cause (Ray wraps a worker's error in its own)."""
-    seen: set[int] = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        inner = getattr(exc, "cause", None)
-        inner = inner if isinstance(inner, BaseException) else exc.__cause__
-        if inner is None:
-            break
-        exc = inner
+    exc = innermost(exc)
     text = _first_line(exc)
     return text if isinstance(exc, StorageError) else f"{type(exc).__name__}: {text}"
 

@@ -36,7 +36,7 @@ from mdd.config import Config, DialogueConfig
 from mdd.dialogue.guards import GuardTally
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
 from mdd.engines.router import launch_for
-from mdd.evaluate.speech import SpeechTally
+from mdd.record.speech import SpeechTally
 from mdd.scheduling import submission_order
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 

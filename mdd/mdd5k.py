@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mdd import privacy
-from mdd.evaluate.speech import jargon_turns
+from mdd.record.speech import jargon_turns
 
 _CASE_RE = re.compile(r"^patient_(\d+)\.json$")
 _LABEL_RE = re.compile(r"^patient_(\d+)_label\.json$")

@@ -29,7 +29,7 @@ from mdd.dialogue.companion import CompanionRole, addressee, choose_companion
 from mdd.dialogue.patient import PatientRole, choose_style
 from mdd.dialogue.views import agent_view
 from mdd.evaluate.faithfulness import case_fields
-from mdd.evaluate.speech import jargon_turns
+from mdd.record.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.tree import Topic
 

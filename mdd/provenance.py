@@ -33,6 +33,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mdd.errors import MddError
+
 RESUME_POLICIES = ("if-possible", "always", "never")
 FINGERPRINT_KEY = "mdd.fingerprint"
 COMPONENTS_KEY = "mdd.provenance"
@@ -41,7 +43,7 @@ UNKNOWN = "unknown"  # dialogues written before fingerprints, or by another tool
 _PKG = Path(__file__).resolve().parent
 
 
-class ProvenanceMismatch(ValueError):
+class ProvenanceMismatch(MddError, ValueError):
     """A rerun would mix dialogues of different provenance into one output (exit code 2)."""
 
 

@@ -10,6 +10,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from mdd.errors import MddError
+
 Role = Literal["system", "user", "assistant"]
 
 
@@ -75,7 +77,7 @@ class Completion:
     finish_reason: str = "stop"
 
 
-class EngineError(RuntimeError):
+class EngineError(MddError, RuntimeError):
     """A retriable infrastructure failure (engine down, endpoint unreachable)."""
 
 

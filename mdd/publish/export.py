@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from mdd.errors import MddError
 from mdd import knowledge
 from mdd.publish.run_data import RunData
 from mdd.record import exchanges
@@ -42,7 +43,7 @@ CARD_TEXT = (
 )
 
 
-class ExportError(ValueError):
+class ExportError(MddError, ValueError):
     pass
 
 

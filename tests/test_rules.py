@@ -13,7 +13,8 @@ import pytest
 from mdd.engines.base import Completion
 from mdd.evaluate.judges import KeywordJudge, LLMJudge, make_judge, parse_choice, parse_turn
 from mdd.evaluate.rule_set import RuleError, load_rules, parse_rule_id, parse_rule_set
-from mdd.evaluate.rules import DialogueView, evaluate_rules
+from mdd.evaluate.rule_view import DialogueView
+from mdd.evaluate.rules import evaluate_rules
 from mdd.schema import RULE_RESULT
 
 MDD5K = Path("/work/shared/mdd5k/dialogues")

@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from mdd.evaluate.rule_set import Condition, Rule
-from mdd.evaluate.rules import Anchor, DialogueView, Hits, Verdict, decide, keyword_hits
+from mdd.evaluate.rule_view import Anchor, DialogueView, Hits, Verdict, decide, keyword_hits
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,12 @@ from mdd.errors import entry_point
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mdd.publish.export import FORMATS
+
     p = argparse.ArgumentParser(prog="mdd export", description="One row per dialogue as chat messages (SFT) or ShareGPT.")
     p.add_argument("--config", default=None, help="YAML config (publish.export gives the default filters)")
     p.add_argument("--out", default=None, help="run folder (default: synth.out of the config)")
-    p.add_argument("--format", default="sft", choices=["sft", "sharegpt"])
+    p.add_argument("--format", default="sft", choices=list(FORMATS))
     p.add_argument("--min-quality", type=float, help="keep dialogues whose mean --metric is at least this")
     p.add_argument("--metric", help="eval/dialogues column for --min-quality (default: overall)")
     p.add_argument("--min-rule-pass", type=float, help="keep dialogues that passed this share of their triggered rules")
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 @entry_point("export")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mdd.config import ConfigError, load_config
+    from mdd.config import load_config
     from mdd.publish.export import ExportError, Filters, export
 
     cfg = load_config(args.config, {"publish.export.min_quality": args.min_quality,
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "publish.export.mask_below": args.mask_below})
     from mdd.publish.card import write_card
     from mdd.publish.run_data import RunData
-    from mdd.storage import StorageError, dialogue_shards, open_store, run_lock
+    from mdd.storage import dialogue_shards, open_store, run_lock
 
     e = cfg.publish.export
     store = open_store(args.out or cfg.synth.out)

@@ -206,6 +206,24 @@ def test_sft_export_rows_are_chat_messages_and_deterministic(run):
     assert "config_name: sft" in card and "## Fine-tuning export" in card
 
 
+def test_a_new_export_format_is_one_entry(run, monkeypatch):
+    """An output format is added in one place: an ExportFormat in mdd.publish.export.FORMATS (name, row schema,
+    the shape of its columns); the command line, the Parquet and JSONL writers take it from there."""
+    import pyarrow as pa
+
+    from jobs.export import main as export_main
+    from mdd.publish import export as E
+
+    base = [pa.field(n, pa.string()) for n in ("dialogue_id", "case_id", "icd_code", "diagnosis")]
+    plain = E.ExportFormat("plain", pa.schema(base + [pa.field("quality", pa.float64()), pa.field("text", pa.string())]),
+                           lambda msgs: {"text": "\n".join(f"{m['role']}: {m['content']}" for m in msgs[1:])})
+    monkeypatch.setitem(E.FORMATS, "plain", plain)
+    assert export_main(["--out", str(run), "--format", "plain"]) == 0
+    rows = [json.loads(line) for line in (run / "export" / "plain.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rows and all(r["text"].startswith("user: ") and "assistant: " in r["text"] for r in rows)
+    assert pq.read_table(run / "export" / "plain").num_rows == len(rows)
+
+
 def test_export_filters_follow_the_evaluation(run):
     from jobs.export import main as export_main
 

@@ -9,7 +9,7 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -20,9 +20,33 @@ from mdd.record import exchanges
 from mdd.schema import SFT_ROW, SHAREGPT_ROW
 from mdd.storage import Store
 
-FORMATS = ("sft", "sharegpt")
 SHARD_ROWS = 50_000
 SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt"}
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """An export format: its name (``--format``), the Arrow schema of its rows, and ``shape``: a dialogue's
+    chat messages (``to_messages``) -> the format's own columns (besides dialogue_id, case_id, icd_code,
+    diagnosis, quality). A new format is one entry of ``FORMATS``."""
+
+    name: str
+    schema: pa.Schema
+    shape: Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+
+def _sft(msgs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"messages": msgs}
+
+
+def _sharegpt(msgs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"system": msgs[0]["content"],
+            "conversations": [{"from": SHAREGPT_FROM[m["role"]], "value": m["content"], "weight": m["weight"]}
+                              for m in msgs[1:]]}
+
+
+FORMATS: dict[str, ExportFormat] = {f.name: f for f in (ExportFormat("sft", SFT_ROW, _sft),
+                                                        ExportFormat("sharegpt", SHAREGPT_ROW, _sharegpt))}
 
 CARD_TEXT = (
     "`mdd export --out OUT --format sft|sharegpt [--min-quality Q] [--metric overall] [--min-rule-pass R] "
@@ -127,6 +151,7 @@ def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters(
     write the files there instead (a staging area, ``jobs.export``), run.json left to the caller."""
     if fmt not in FORMATS:
         raise ExportError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    form = FORMATS[fmt]
     run = RunData(out)
     store = run.store
     if run.synth is None:
@@ -183,15 +208,10 @@ def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters(
                 trained += m["weight"] == 1
         row = {"dialogue_id": did, "case_id": cols["case_id"][i], "icd_code": cols["icd_code"][i],
                "diagnosis": cols["diagnosis"][i], "quality": s[filters.metric] if s else None}
-        if fmt == "sft":
-            row["messages"] = msgs
-        else:
-            row["system"] = msgs[0]["content"]
-            row["conversations"] = [{"from": SHAREGPT_FROM[m["role"]], "value": m["content"], "weight": m["weight"]}
-                                    for m in msgs[1:]]
+        row.update(form.shape(msgs))
         rows.append(row)
 
-    schema = SFT_ROW if fmt == "sft" else SHAREGPT_ROW
+    schema = form.schema
     folder = f"export/{fmt}"
     files = [f"{folder}/part-{k:05d}.parquet" for k in range(max(1, -(-len(rows) // SHARD_ROWS)))]
     sink = dest or store
@@ -217,8 +237,5 @@ def _jsonl(row: dict[str, Any]) -> dict[str, Any]:
     def clean(m: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in m.items() if v is not None}
 
-    r = dict(row)
-    for key in ("messages", "conversations"):
-        if key in r:
-            r[key] = [clean(m) for m in r[key]]
-    return r
+    return {k: [clean(m) if isinstance(m, dict) else m for m in v] if isinstance(v, list) else v
+            for k, v in row.items()}

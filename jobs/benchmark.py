@@ -91,7 +91,7 @@ def check_targets(result: dict[str, Any]) -> dict[str, bool]:
 async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency: int) -> dict[str, Any]:
     """Record real dialogues, then replay them call for call in both layouts (prefill only)."""
     from mdd.perf import replay
-    from mdd.driver import DialogueWorker
+    from mdd.synthesize.worker import DialogueWorker
 
     rec = replay.Recording(engine)
     worker = DialogueWorker({c.case_id: c for c in cases}, rec, cfg.synth.dialogue, cfg.synth.seed)
@@ -207,7 +207,7 @@ def run_standard(cfg: Config, work: Path, sequential: int, in_flight: int | None
 def run_synthesis_accounting(cfg: Config, engine: Any, work: Path) -> dict[str, Any]:
     """Calls per exchange and tokens per dialogue by role, from a driver run over one variant per case
     (its shards also feed the evaluation-stage timing)."""
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     s = run_synthesis(_cfg(cfg, out=str(work / "acct"), variants=1), engine=engine, progress=False)
     return {"llm_calls_per_exchange": s["llm_calls"]["per_exchange"], "llm_calls_by_op": s["llm_calls"]["by_op"],

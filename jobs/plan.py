@@ -12,7 +12,7 @@ import json
 import sys
 
 from mdd.errors import entry_point
-from mdd.config import ConfigError, load_config
+from mdd.config import load_config
 
 
 @entry_point("plan")

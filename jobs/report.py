@@ -28,7 +28,7 @@ def publish(cfg, out: str, reference: str | None = None) -> int:
     from mdd.publish.card import write_card
     from mdd.publish.report import FIGURE_DIR, REPORT_FILE, build_report
     from mdd.publish.run_data import RunData
-    from mdd.storage import StorageError, dialogue_shards, open_store
+    from mdd.storage import dialogue_shards, open_store
 
     ref = reference or cfg.publish.reference
     try:
@@ -53,10 +53,10 @@ def publish(cfg, out: str, reference: str | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from mdd.config import ConfigError, load_config
+    from mdd.config import load_config
 
     cfg = load_config(args.config)
-    from mdd.storage import StorageError, open_store, run_lock
+    from mdd.storage import open_store, run_lock
 
     out = args.out or cfg.synth.out
     store = open_store(out)

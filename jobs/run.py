@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
-    from mdd.config import ConfigError, load_config
+    from mdd.config import load_config
 
     cfg = load_config(args.config)
     out = args.out or cfg.synth.out
-    from mdd.storage import StorageError, run_lock
+    from mdd.storage import run_lock
 
     with run_lock(out, "run", wait=args.wait):  # synthesize, evaluate and report take it again (re-entrant)
         return _rounds(args, cfg, out)

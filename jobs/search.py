@@ -39,7 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("text", nargs="+", help="query text")
     args = ap.parse_args(argv)
     from mdd.index import search
-    from mdd.storage import StorageError
 
     try:
         hits = search(args.out, " ".join(args.text), args.k)

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "synth.dialogue.exemplars.index": args.exemplars,
         "synth.allow_mixed_sources": True if args.allow_mixed_sources else None,
     })
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
     from mdd.storage import run_lock
 
     try:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         f"-> {cfg.synth.out}/synth/ in {summary['wall_time_s']:.1f} s"
     )
     if summary.get("interview"):
-        from mdd.interview import format_summary
+        from mdd.synthesize.interview import format_summary
 
         print(format_summary(summary["interview"]))
     if c["dialogues_failed"] and not c["dialogues_run"]:

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from mdd.errors import MddError
 
-log = logging.getLogger("mdd.storage")
+log = logging.getLogger(__name__)
 
 RUN_JSON = "run.json"
 SYNTH = "synth"

@@ -27,7 +27,8 @@ def synthesize_scripted(out: Path, n_cases: int = 6, variants: int = 2) -> pa.Ta
     """Scripted dialogues of the first sample cases, plus OUT/cases.parquet; returns the dialogue table."""
     from mdd.cases import load_cases
     from mdd.config import DialogueConfig
-    from mdd.driver import DialogueWorker, write_cases
+    from mdd.synthesize.run import write_cases
+    from mdd.synthesize.worker import DialogueWorker
     from mdd.engines.scripted import ScriptedEngine
     from mdd.schema import DIALOGUE
     from mdd.storage import open_store

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(cases: str, out: str, report: str) -> int:
     from mdd.config import load_config
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
     from mdd.engines.base import launch_engine
     from mdd.storage import Store
 

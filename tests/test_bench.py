@@ -24,7 +24,7 @@ def recorded():
     import asyncio
 
     from mdd.cases import load_cases
-    from mdd.driver import DialogueWorker
+    from mdd.synthesize.worker import DialogueWorker
 
     cfg = load_config(REPO_CFG, CASES)
     cases, _ = load_cases(cfg.synth.cases)
@@ -128,7 +128,7 @@ def test_check_targets_directions():
 
 
 def test_spread_and_sample():
-    from mdd.driver import Item
+    from mdd.synthesize.plan import Item
     from mdd.perf.phases import sample
     from mdd.perf.throughput import spread, summarise
 

@@ -113,7 +113,7 @@ async def test_cpu_build_drops_seeds_so_reruns_differ(vllm_engine, tiny_model_di
     """The CPU build drops per-request seeds (its sampler fails on seeded batches): the same
     dialogue run twice does not come out byte-identical there."""
     from mdd.cases import load_cases
-    from mdd.driver import DialogueWorker
+    from mdd.synthesize.worker import DialogueWorker
 
     assert {s["per_request_seed"] for s in vllm_engine.engine_stats()} == {False}
     cfg = short_cfg(tiny_model_dir)

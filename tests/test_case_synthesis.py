@@ -234,7 +234,7 @@ def test_synthetic_cases_run_through_the_main_job_with_provenance(tmp_path, thou
 def test_cases_parquet_of_an_older_run_gains_null_provenance(tmp_path):
     import pyarrow as pa
 
-    from mdd.driver import write_cases
+    from mdd.synthesize.run import write_cases
     from mdd.storage import Store
 
     old = pa.table({"case_id": ["S99"], "age": pa.array([30], pa.int32()), "gender": ["女"], "icd_code": ["F32.900"],

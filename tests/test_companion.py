@@ -72,7 +72,8 @@ def test_exchanges_pair_doctor_turns_with_the_patient_or_the_companion():
 
 def test_rules_see_the_companion_and_can_test_its_presence():
     from mdd.evaluate.rule_set import parse_rule_set
-    from mdd.evaluate.rules import DialogueView, evaluate_rules
+    from mdd.evaluate.rule_view import DialogueView
+    from mdd.evaluate.rules import evaluate_rules
 
     view = DialogueView.from_record({"dialogue_id": "d", "turns": THREE, "companion": "母亲"})
     assert view.text(0, "companion").startswith("医生，她其实") and view.text(0, "patient") == "还好吧。"

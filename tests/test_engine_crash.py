@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_real_engine_killed_mid_run_is_restarted_and_its_dialogues_redone(vllm_engine, tiny_model_dir, tmp_path):
     import ray
 
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
     from mdd.perf.pressure import set_admission
 
     cfg = load_config(REPO / "configs" / "local-vllm.yaml", {

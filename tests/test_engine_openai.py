@@ -277,7 +277,7 @@ def _driver_config(tmp_path: Path, url: str, cases: list[dict]):
 
 
 def test_two_percent_malformed_bodies_every_dialogue_completes(ray_session, server, tmp_path):
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     server.malformed_every = 50  # 2% of the responses
     cases = json.loads(SAMPLES.read_text(encoding="utf-8"))[:3]
@@ -295,7 +295,7 @@ def test_two_percent_malformed_bodies_every_dialogue_completes(ray_session, serv
 def test_a_final_client_error_fails_its_dialogues_once(ray_session, server, tmp_path):
     import polars as pl
 
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     cases = json.loads(SAMPLES.read_text(encoding="utf-8"))[:3]
     cases[1]["主诉"] += "（拒收标记）"
@@ -317,7 +317,7 @@ def test_named_openai_engines_each_role_reaches_its_endpoint(ray_session, two_se
     import yaml
 
     from mdd.config import load_config
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     hosted, local = two_servers
     opts = {"backoff_s": 0.01, "max_backoff_s": 0.05, "max_retries": 4}

@@ -298,7 +298,7 @@ async def test_a_finished_dialogue_ends_its_session_on_its_engine(ray_session):
 
     from mdd.cases import load_cases
     from mdd.config import load_config
-    from mdd.driver import DialogueWorker
+    from mdd.synthesize.worker import DialogueWorker
     from mdd.engines.vllm import VLLMPoolEngine
 
     @ray.remote(num_cpus=0)

@@ -9,7 +9,7 @@ from mdd.errors import MddError, entry_point
 
 USER_FACING = [
     ("mdd.config", "ConfigError"), ("mdd.cases", "CaseFileError"), ("mdd.cases.plan", "ProfileError"),
-    ("mdd.cases.write", "CaseWriteError"), ("mdd.driver", "RunRefused"), ("mdd.provenance", "ProvenanceMismatch"),
+    ("mdd.cases.write", "CaseWriteError"), ("mdd.synthesize.run", "RunRefused"), ("mdd.provenance", "ProvenanceMismatch"),
     ("mdd.storage", "StorageError"), ("mdd.storage", "ShardError"), ("mdd.storage", "LockHeld"),
     ("mdd.index", "IndexDamaged"), ("mdd.dialogue.exemplars", "ExemplarError"), ("mdd.publish.export", "ExportError"),
     ("mdd.models", "ModelError"), ("mdd.knowledge", "KnowledgeError"), ("mdd.evaluate.rule_set", "RuleError"),
@@ -58,3 +58,15 @@ def test_a_job_maps_a_config_error_to_exit_2(capsys, tmp_path):
         assert job.main(["--config", str(bad)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and "variants" in err[0], err
+
+
+def test_one_logger_hierarchy():
+    """Every module logs under its own name (mdd.<room>.<module>), so `mdd` (or `mdd.evaluate`, …) sets the
+    level of a whole room; no module names a logger of its own invention."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "mdd"
+    named = [f"{p.relative_to(root)}: {m.group(0)}" for p in root.rglob("*.py")
+             for m in re.finditer(r"getLogger\(\s*[\"'][^\"']*[\"']\s*\)", p.read_text(encoding="utf-8"))]
+    assert named == [], named

@@ -34,7 +34,8 @@ def _sort(t: pa.Table, keys: list[str]) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def staged(ray_session, sample_run, tmp_path_factory):
-    from mdd.driver import shard_name, write_cases
+    from mdd.synthesize.plan import shard_name
+    from mdd.synthesize.run import write_cases
     from mdd.storage import open_store
 
     out = tmp_path_factory.mktemp("stream") / "out"

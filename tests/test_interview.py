@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mdd import checklist, interview, knowledge
+from mdd import checklist, knowledge
+from mdd.synthesize import interview
 from mdd.cases import load_cases, validate_record
 from mdd.config import DialogueConfig, InterviewConfig, load_config
 from mdd.dialogue import ops

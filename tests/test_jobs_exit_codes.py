@@ -90,7 +90,7 @@ def test_openai_without_base_url_is_one_line_exit_2(tmp_path, capsys, monkeypatc
 
 def test_strict_makes_a_partial_run_exit_3(ray_session, tmp_path, capsys):
     from mdd.config import load_config
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     def one_bad(path: Path) -> Path:
         cases = json.loads(SAMPLES.read_text(encoding="utf-8"))[:2]

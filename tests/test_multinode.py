@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from mdd.config import load_config
-from mdd.driver import run_synthesis
+from mdd.synthesize.run import run_synthesis
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "cases" / "sample_cases.json"

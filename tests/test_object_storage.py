@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from mdd.config import load_config
-from mdd.driver import run_synthesis
+from mdd.synthesize.run import run_synthesis
 from mdd.storage import Store
 
 ROOT = Path(__file__).resolve().parents[1]

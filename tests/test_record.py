@@ -53,7 +53,7 @@ def test_patient_first_speaker_synonyms_and_missing_turns():
 def test_every_reader_counts_exchanges_the_same(sample_run):
     """The loop's own counter, the evaluation, the comparison, the export and the self-check agree on the
     main job's dialogues; the rule judge's rounds hold the same answered doctor turns."""
-    from mdd.evaluate.rules import DialogueView
+    from mdd.evaluate.rule_view import DialogueView
     from mdd.evaluate.scoring import explode
     from mdd.evaluate.validity import _patient_slots
     from mdd.publish import compare

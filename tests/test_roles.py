@@ -77,7 +77,7 @@ def test_a_mix_is_drawn_per_dialogue_in_its_shares():
 
 async def test_router_sends_each_role_to_its_engine_recorded_at_the_engine():
     from mdd.cases import load_cases
-    from mdd.driver import DialogueWorker
+    from mdd.synthesize.worker import DialogueWorker
     from mdd.engines.router import RoleRouter
     from mdd.engines.scripted import ScriptedEngine
 
@@ -94,7 +94,7 @@ async def test_router_sends_each_role_to_its_engine_recorded_at_the_engine():
 
 
 def test_run_counts_every_role_under_its_model(ray_session, tmp_path):
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     cfg = load_config(write_cfg(tmp_path), {"synth.variants": 2})
     run_synthesis(cfg, progress=False)
@@ -138,7 +138,7 @@ def test_run_counts_every_role_under_its_model(ray_session, tmp_path):
 
 
 def test_doctor_mix_gives_both_models_a_quarter_or_more(ray_session, tmp_path):
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     cfg = load_config(write_cfg(tmp_path, roles={"doctor": ["big", "small"], "patient": "small", "tool": "small",
                                                  "default": "small"}), {"synth.variants": 2})
@@ -154,7 +154,7 @@ def test_doctor_mix_gives_both_models_a_quarter_or_more(ray_session, tmp_path):
 
 
 def test_a_single_engine_config_is_unchanged(ray_session, tmp_path):
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
 
     cfg = load_config(REPO / "configs" / "local.yaml", {"synth.cases": str(REPO / "data" / "cases"),
                                                         "synth.out": str(tmp_path / "out"), "synth.limit": 2,
@@ -169,7 +169,7 @@ async def test_doctor_on_real_vllm_patient_and_tool_on_scripted(vllm_engine):
     """One real vLLM pool and one scripted engine: each role's calls reach its engine (counted at
     the engine), and the prefix-cache counters are per pool."""
     from mdd.cases import load_cases
-    from mdd.driver import DialogueWorker
+    from mdd.synthesize.worker import DialogueWorker
     from mdd.engines.router import RoleRouter
     from mdd.engines.scripted import ScriptedEngine
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mdd.config import load_config
-from mdd.driver import run_synthesis
+from mdd.synthesize.run import run_synthesis
 from mdd.engines.base import Completion, Request
 from mdd.engines.scripted import ScriptedEngine
 

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from mdd.config import load_config
-from mdd.driver import run_synthesis
+from mdd.synthesize.run import run_synthesis
 
 ROOT = Path(__file__).resolve().parents[1]
 

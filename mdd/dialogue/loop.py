@@ -25,8 +25,9 @@ from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
 from mdd.dialogue import wording
 from mdd.dialogue.closing import spoken_closing
-from mdd.dialogue.companion import CompanionRole, addressee, choose_companion
-from mdd.dialogue.patient import PatientRole, choose_style
+from mdd.dialogue.companion import CompanionRole, addressee
+from mdd.dialogue.patient import PatientRole
+from mdd.dialogue.setting import agenda_for, companion_of, style_of
 from mdd.dialogue.views import agent_view
 from mdd.evaluate.faithfulness import case_fields
 from mdd.record import DialogueRecord, Turn, doctor_turns
@@ -128,12 +129,11 @@ class Dialogue:
         self.empathy = ""  # the empathy cue of the doctor's current turn
         self.reask = False  # the current doctor turn re-asks an evasive answer
         self.checking = ""  # the companion's words the doctor's current question checks with the patient
-        self.patient = PatientRole(case, choose_style(case, ops.derive_seed(run_seed, case.case_id, variant, "style")),
+        self.patient = PatientRole(case, style_of(case, run_seed, variant),
                                    ops.derive_seed(run_seed, case.case_id, variant, "patient"))
         self.patient_system = ""
         # who came along to the visit (None: the patient came alone, companion topics are dropped)
-        seed = ops.derive_seed(run_seed, case.case_id, variant, "companion")
-        self.companion = choose_companion(case, seed, cfg.companion)
+        self.companion, seed = companion_of(case, run_seed, variant, cfg)
         self.escort = CompanionRole(case, self.companion, cfg.companion, seed) if self.companion else None
         self.companion_system = ""
         # the turn guards: what the record documents, every failed attempt, generated turns by speaker
@@ -313,10 +313,7 @@ class Dialogue:
 
     def plan_agenda(self) -> TopicAgenda:
         """The dialogue's agenda and length target, drawn from its seed before any call."""
-        return TopicAgenda.for_case(self.case, self.rng, self.cfg.interview, speed=self.persona.speed,
-                                    cap=self.cfg.max_exchanges, companion=self.companion is not None,
-                                    companion_knows=self.escort.knows if self.escort else None,
-                                    companion_required=self.escort.required() if self.escort else ())
+        return agenda_for(self.case, self.rng, self.cfg, self.persona, self.escort)
 
     async def _start(self) -> Phase:
         self.agenda = self.plan_agenda()
@@ -560,20 +557,6 @@ class Dialogue:
     def row(self) -> dict[str, Any]:
         """The dialogue table's row (``dialogue_record().to_row()``)."""
         return self.dialogue_record().to_row()
-
-
-def setting(personas: list[ops.Persona], case: Case, run_seed: int, variant: int) -> tuple[ops.Persona, tuple[str, str, str]]:
-    """The doctor persona and the experience triple of a (case, variant), drawn from the run seed."""
-    persona = ops.choose_persona(personas, run_seed, case.case_id, variant)
-    return persona, ops.sample_triples(case, run_seed, variant + 1)[variant]
-
-
-def planned_exchanges(case: Case, variant: int, run_seed: int, cfg: DialogueConfig,
-                      personas: list[ops.Persona]) -> int:
-    """The exchanges a dialogue plans before any call: its agenda's length target, within the cap."""
-    persona, triple = setting(personas, case, run_seed, variant)
-    target = Dialogue(case, variant, run_seed, None, cfg, persona, triple).plan_agenda().target  # type: ignore[arg-type]
-    return min(target, cfg.max_exchanges) if target is not None else cfg.max_exchanges
 
 
 async def run_dialogue(case: Case, variant: int, run_seed: int, engine: EngineBase, cfg: DialogueConfig,

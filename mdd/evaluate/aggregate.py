@@ -20,7 +20,7 @@ from mdd.evaluate.gates import reason_counts
 from mdd.evaluate.rule_set import checklist_item
 from mdd.schema import DIALOGUE_EVAL, METRICS
 
-log = logging.getLogger("mdd.evaluate")
+log = logging.getLogger(__name__)
 
 RULE_COUNTS = ("rows", "triggered", "passed", "failed", "skipped")
 

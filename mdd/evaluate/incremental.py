@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from mdd.storage import SYNTH, Store
 
-log = logging.getLogger("mdd.evaluate")
+log = logging.getLogger(__name__)
 
 STATE_FILE = "eval/state.json"
 IDF_FILE = "eval/idf.parquet"

@@ -235,7 +235,7 @@ def load_records(out: Any, case_ids: set[str] | None = None) -> dict[str, dict[s
     try:
         table = store.read_table("cases.parquet", columns=["case_id", "fields"])
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
-        logging.getLogger("mdd.evaluate").warning("%s: unreadable, faithfulness stays unknown: %s",
+        logging.getLogger(__name__).warning("%s: unreadable, faithfulness stays unknown: %s",
                                                   store.display("cases.parquet"), exc)
         return {}
     if case_ids is not None:

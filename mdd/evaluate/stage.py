@@ -30,7 +30,7 @@ from mdd.evaluate.scoring import DIALOGUE_COLUMNS, load_records
 from mdd.evaluate.validity import format_validity
 from mdd.storage import SYNTH, Store, describe_error, dialogue_shards, open_store
 
-log = logging.getLogger("mdd.evaluate")
+log = logging.getLogger(__name__)
 
 # whole dialogues per scoring batch: evaluate.batch_size exchanges at about this many per dialogue
 EXCHANGES_PER_DIALOGUE = 20

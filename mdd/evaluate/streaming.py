@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from mdd.schema import RULE_RESULT, TURN_EVAL
 
-log = logging.getLogger("mdd.evaluate")
+log = logging.getLogger(__name__)
 
 TABLES = ("turns", "rules", "dialogues", "pairs")
 RULE_COLUMNS = ["dialogue_id", "turns", "age", "age_range", "gender", "diagnosis", "icd_code", "companion"]

@@ -40,7 +40,7 @@ import pyarrow as pa
 from mdd.record import exchanges
 from mdd.schema import METRICS, VALIDITY
 
-log = logging.getLogger("mdd.evaluate")
+log = logging.getLogger(__name__)
 
 RECIPES = ("moved_within_dialogue", "moved_across_dialogues", "filler", "diagnosis_leak", "echo", "loop", "role_swap")
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from mdd.config import Config
 
-log = logging.getLogger("mdd.benchmark")
+log = logging.getLogger(__name__)
 
 PHASES = (("without", None), ("with", True), ("with_dropped", False))
 
@@ -64,7 +64,7 @@ def _exemplar_turns(out: str) -> dict[str, float]:
 
 
 def run_phase(cfg: Config, engine: Any) -> dict[str, Any]:
-    from mdd.driver import run_synthesis
+    from mdd.synthesize.run import run_synthesis
     from mdd.evaluate.stage import run_evaluate
     from mdd.perf.replay import sum_counters
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from mdd.cases import Case
 from mdd.config import Config
-from mdd.driver import DialogueWorker, Item
-from mdd.scheduling import submission_order
+from mdd.synthesize.plan import Item
+from mdd.synthesize.worker import DialogueWorker
+from mdd.synthesize.plan import submission_order
 
 
 @dataclass

@@ -26,7 +26,7 @@ from mdd.perf import replay
 from mdd.perf.phases import Phases, PhaseResult
 from mdd.perf.throughput import spread
 
-log = logging.getLogger("mdd.benchmark")
+log = logging.getLogger(__name__)
 
 SPLIT_ROLES = {"doctor": "doctor", "default": "rest"}
 

@@ -25,7 +25,7 @@ from mdd.perf import replay
 from mdd.perf.phases import Phases, PhaseResult
 from mdd.perf.throughput import summarise
 
-log = logging.getLogger("mdd.benchmark")
+log = logging.getLogger(__name__)
 
 DOCTOR_TOKENS, PATIENT_TOKENS = 74, 98  # MDD-5k turn lengths on a Qwen tokenizer
 GPU_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gpu.yaml"

@@ -26,7 +26,7 @@ from typing import Any
 
 from mdd.config import Config, DialogueConfig, load_config
 
-log = logging.getLogger("mdd.perf.prompt_ab")
+log = logging.getLogger(__name__)
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "after": {"layout.instruction": "after", "layout.labels": "companion"},
@@ -68,7 +68,8 @@ def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
 
 async def _one(case: Any, variant: int, seed: int, engine: Any, cfg: DialogueConfig, personas: list[Any],
                arm: str) -> dict[str, Any]:
-    from mdd.dialogue.loop import Dialogue, GuardFailure, setting
+    from mdd.dialogue.loop import Dialogue, GuardFailure
+    from mdd.dialogue.setting import setting
 
     persona, triple = setting(personas, case, seed, variant)
     # each arm's dialogue has its own session: the pool keeps its calls together, arms never share a prefix

@@ -34,7 +34,7 @@ from typing import Any
 from mdd.perf import replay
 from mdd.perf.phases import Phases, PhaseResult, sample
 
-log = logging.getLogger("mdd.benchmark")
+log = logging.getLogger(__name__)
 
 RATIOS = ("speedup_vs_sequential", "speedup_exchanges_per_min", "speedup_output_tok_s", "engine_ceiling",
           "speedup_share_of_ceiling", "engine_utilization", "engine_utilization_steady",

@@ -59,7 +59,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-log = logging.getLogger("mdd.privacy")
+log = logging.getLogger(__name__)
 
 # kind -> replacement token
 KINDS: dict[str, str] = {

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-log = logging.getLogger("mdd.publish")
+log = logging.getLogger(__name__)
 
 CJK_FONTS = ("Noto Sans CJK SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Source Han Sans SC",
              "Droid Sans Fallback", "AR PL UMing CN", "SimHei")

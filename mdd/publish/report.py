@@ -37,7 +37,7 @@ from mdd.publish.stats import case_sources, headline, icd_prefix, reference, rul
 from mdd.schema import METRICS
 from mdd.storage import StorageError, Store
 
-log = logging.getLogger("mdd.publish")
+log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.html"
 FIGURE_DIR = "report"

@@ -1,141 +1,39 @@
-"""The synthesis driver: cases → (case, variant) work items → Ray dialogue workers → Parquet.
+"""A synthesis run: cases → its plan (``mdd.synthesize.plan``) → the executor's Ray dialogue workers
+(``mdd.synthesize.executor``) → Parquet shards, ``rejects.parquet``, ``cases.parquet``,
+``failures.parquet`` and ``run.json``.
 
-- Items are planned in case order; ``synth/`` already holding a dialogue means it is done
-  (resume). The missing items are cut into shards of ``shard_size``; a shard's file name is a
-  hash of its dialogue ids, so the same work gives the same names, and it is written whole
-  (``mdd/storage.py``: a rename on a disk, one upload on an object store) only when all of its
-  dialogues are in: after a ``kill -9`` the rerun finds whole shards only and writes each missing
-  dialogue exactly once. A shard that cannot be read is quarantined and its dialogues run again.
-- Dialogue workers are stateless async Ray actors; each keeps many dialogues in flight. A
-  dialogue that fails is retried from its start, up to ``max_attempts``; then it goes to
-  ``failures.parquet`` and the run finishes the rest.
+A shard that cannot be read is quarantined and its dialogues run again; a rerun adds only what is
+missing, and only to an output its provenance allows (``mdd.provenance``).
 """
 from __future__ import annotations
 
-import hashlib
-import heapq
-import itertools
-import logging
-import math
 import platform
 import sys
 import time
-import traceback
-from collections import Counter
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import logging
+
 import pyarrow as pa
 
-from mdd.errors import MddError
 from mdd import privacy, provenance, schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.cases import diversity as case_diversity
-from mdd.config import Config, DialogueConfig
-from mdd.dialogue.guards import GuardTally
+from mdd.config import Config
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
 from mdd.engines.router import launch_for
-from mdd.record.speech import SpeechTally
-from mdd.scheduling import submission_order
+from mdd.errors import MddError
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
+from mdd.synthesize.executor import fan_out
+from mdd.synthesize.plan import plan
+from mdd.synthesize.stats import RunStats
 
-log = logging.getLogger("mdd.synthesize")
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    case_id: str
-    variant: int
-
-    @property
-    def dialogue_id(self) -> str:
-        from mdd.dialogue.ops import dialogue_id
-
-        return dialogue_id(self.case_id, self.variant)
-
-
-# --- the worker ---------------------------------------------------------------------------
-
-
-class DialogueWorker:
-    """Runs dialogues; holds no state between them but the cases and the engine client."""
-
-    def __init__(self, cases: dict[str, Case], engine: EngineBase, cfg: DialogueConfig, run_seed: int):
-        from mdd.dialogue import ops
-        from mdd.dialogue.exemplars import ExemplarRetriever
-
-        self.cases, self.engine, self.cfg, self.run_seed = cases, engine, cfg, run_seed
-        self.personas = ops.all_personas()
-        self.exemplars = ExemplarRetriever.maybe(cfg.exemplars)  # the index loads once per worker
-
-    async def run(self, case_id: str, variant: int) -> dict[str, Any]:
-        from mdd.dialogue import ops
-        from mdd.dialogue.loop import GuardFailure, run_dialogue, setting
-
-        case = self.cases[case_id]
-        finished = False
-        try:
-            persona, triple = setting(self.personas, case, self.run_seed, variant)
-            row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple,
-                                           self.exemplars)
-            finished = True
-        except EngineError as exc:
-            return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
-        except GuardFailure as exc:  # a turn that failed its guards after every regeneration: counted, not retried
-            return {"ok": False, "retriable": False, "error": f"guard: {exc}",
-                    "guard_failure": {"speaker": exc.speaker, "guards": exc.guards, "events": exc.events,
-                                      "generated": exc.generated}}
-        except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
-            # retried from the start unless the exception says retrying cannot help (a 4xx request error)
-            return {"ok": False, "retriable": getattr(exc, "retriable", True),
-                    "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
-        finally:  # the engine frees what it kept for the dialogue (its admission room)
-            await self.engine.close_session(ops.dialogue_id(case_id, variant), finished)
-        row.update(accounting_columns(acct, self.engine.models_for(row["dialogue_id"],
-                                                                   [r for r, n in acct.calls.items() if n])))
-        return {
-            "ok": True,
-            "row": row,
-            "calls_by_role": acct.calls,
-            "calls_by_op": acct.by_op,
-            "fallbacks": acct.fallbacks,
-            "cached_tokens": acct.cached_tokens,
-            "generated": acct.generated,
-        }
-
-    def ready(self) -> str:
-        """The node this worker runs on."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    def engine_metrics(self) -> dict[str, float]:
-        """This worker's engine counters (collected before the worker is killed)."""
-        return self.engine.worker_metrics()
-
-
-def accounting_columns(acct: Any, models: dict[str, str]) -> dict[str, Any]:
-    """The dialogue row's accounting by role and by model (``models``: role -> model)."""
-    from mdd.engines.roles import per_model
-
-    counts = {"calls": acct.calls, "prompt_tokens": acct.prompt_tokens, "output_tokens": acct.output_tokens,
-              "cached_tokens": acct.cached_by_role}
-    by = {k: per_model(models, v) for k, v in counts.items()}
-    return {
-        "models": models,
-        "calls_by_role": dict(acct.calls),
-        "cached_tokens_by_role": dict(acct.cached_by_role),
-        "usage_by_model": [{"model": m, **{k: by[k].get(m, 0) for k in counts}} for m in sorted(set(models.values()))],
-    }
+log = logging.getLogger(__name__)
 
 
 # --- output helpers ---------------------------------------------------------------------------
-
-
-def shard_name(ids: list[str]) -> str:
-    return "part-" + hashlib.sha1("\n".join(ids).encode()).hexdigest()[:16] + ".parquet"
 
 
 def write_rejects(out: Store, rejects: list[Reject]) -> None:
@@ -201,65 +99,6 @@ def package_versions() -> dict[str, str]:
 # --- the run -------------------------------------------------------------------------------
 
 
-BY_MODEL = ("calls", "prompt_tokens", "output_tokens", "cached_tokens")
-
-
-@dataclass
-class RunStats:
-    dialogues: int = 0
-    retries: int = 0
-    calls_by_role: Counter = field(default_factory=Counter)
-    calls_by_op: Counter = field(default_factory=Counter)
-    prompt_tokens_by_role: Counter = field(default_factory=Counter)
-    output_tokens_by_role: Counter = field(default_factory=Counter)
-    cached_tokens_by_role: Counter = field(default_factory=Counter)
-    by_model: dict[str, Counter] = field(default_factory=lambda: {k: Counter() for k in BY_MODEL})
-    fallbacks: Counter = field(default_factory=Counter)
-    cached_tokens: int = 0
-    exchanges: int = 0
-    speech: SpeechTally = field(default_factory=SpeechTally)
-    guards: GuardTally = field(default_factory=GuardTally)
-    by_model_role: dict[str, dict[str, Counter]] = field(default_factory=dict)  # model -> role -> calls, tokens
-    written: int = 0  # dialogues written to shards by this run
-
-    def add(self, res: dict[str, Any]) -> None:
-        row = res["row"]
-        self.speech.add(row)
-        self.dialogues += 1
-        self.exchanges += row["n_exchanges"]
-        self.prompt_tokens_by_role.update(row["prompt_tokens_by_role"])
-        self.output_tokens_by_role.update(row["output_tokens_by_role"])
-        self.cached_tokens_by_role.update(row.get("cached_tokens_by_role") or {})
-        for u in row.get("usage_by_model") or []:
-            for k in BY_MODEL:
-                self.by_model[k][u["model"]] += u[k]
-        self.calls_by_role.update(res["calls_by_role"])
-        self.calls_by_op.update(res["calls_by_op"])
-        self.fallbacks.update(res["fallbacks"])
-        self.cached_tokens += res["cached_tokens"]
-        self.guards.add(res.get("generated") or {}, row.get("guard_events") or [])
-        per_role = {"calls": res["calls_by_role"], "prompt_tokens": row["prompt_tokens_by_role"],
-                    "output_tokens": row["output_tokens_by_role"], "cached_tokens": row.get("cached_tokens_by_role") or {}}
-        for role, model in (row.get("models") or {}).items():
-            if model is None:
-                continue
-            c = self.by_model_role.setdefault(model, {}).setdefault(role, Counter())
-            for k, v in per_role.items():
-                c[k] += int(v.get(role) or 0)
-
-    def by_model_and_role(self) -> dict[str, dict[str, dict[str, int]]]:
-        """``{model: {role: {calls, prompt_tokens, output_tokens, cached_tokens}}}`` over the run's dialogues."""
-        return {m: {r: dict(c) for r, c in sorted(roles.items())} for m, roles in sorted(self.by_model_role.items())}
-
-
-def plan(cases: list[Case], variants: int) -> list[Item]:
-    return [Item(c.case_id, v) for c in cases for v in range(variants)]
-
-
-def shards(items: list[Item], size: int) -> list[list[Item]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
 class RunRefused(MddError):
     """An expected problem found before any dialogue runs (no usable case, an engine that cannot
     start): the job prints it on one line and exits with code 2."""
@@ -306,14 +145,13 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
         where = f"line {r.line}" if r.line is not None else ("the file" if r.position < 0 else f"#{r.position}")
         log.warning("rejected case %s (%s %s): %s: %s", r.case_id, r.source, where, r.field, r.reason)
 
-    items = plan(cases, sc.variants)
     done = {d for ids in held.values() for d in ids}
+    work = plan(cases, sc.variants, done, sc.shard_size)
+    items, todo = work.items, work.todo
     comp = provenance.components(cfg, engine.name if engine else cfg.engine.name,
                                  engine.model if engine else cfg.engine.model, deid.key_id)
     existing = provenance.in_output(out, [f"{SYNTH}/{name}" for name, ids in held.items() if ids])
     provenance.check_resume(existing, comp, resume, out.uri)  # ProvenanceMismatch: the output was made differently
-    todo = [it for it in items if it.dialogue_id not in done]
-    work = shards(todo, sc.shard_size)
     log.info("%d cases valid, %d reject rows; %d dialogues planned, %d already written, %d to run",
              len(cases), len(rejects), len(items), len(items) - len(todo), len(todo))
 
@@ -338,8 +176,8 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
             except EngineError as exc:
                 raise RunRefused(f"engine {cfg.engine.name}: {exc}") from None
         try:
-            worker_metrics, interrupted, worker_nodes = _fan_out(
-                cfg, cases, engine, work, stats, failures, out, progress, initial=len(items) - len(todo),
+            worker_metrics, interrupted, worker_nodes = fan_out(
+                cfg, cases, engine, work.shards, stats, failures, out, progress, initial=work.already_written,
                 total=len(items), shard_meta=provenance.shard_metadata(comp))
             own_counters = {} if interrupted else engine.metrics()  # e.g. vLLM's actors; not asked after Ctrl-C
             engine_metrics = add_metrics(own_counters, *worker_metrics)
@@ -418,7 +256,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
 def report_interview(out: Store, cases: list[Case]) -> dict[str, Any]:
     """``run.json["interview"]``: length, required-item coverage and variant diversity of every
     dialogue in ``synth/`` (this run's and earlier ones')."""
-    from mdd import interview
+    from mdd.synthesize import interview
 
     ids = {c.case_id for c in cases}
     rows = [r for r in interview.read_rows(out) if r["case_id"] in ids]
@@ -429,147 +267,3 @@ def report_interview(out: Store, cases: list[Case]) -> dict[str, Any]:
     return report
 
 
-def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[Item]], stats: RunStats,
-             failures: list[dict[str, Any]], out: Store, progress: bool, initial: int, total: int,
-             shard_meta: dict[str, str]) -> tuple[list[dict[str, float]], bool, list[str]]:
-    """Runs the work on dialogue workers; returns each worker's engine counters, whether the run
-    was interrupted (Ctrl-C: the finished dialogues of unfinished shards are written as shards of
-    their own, named by their ids, so a rerun still writes every dialogue exactly once) and the node
-    of each worker as started."""
-    import ray
-    from tqdm import tqdm
-
-    sc = cfg.synth
-    by_id = {c.case_id: c for c in cases}
-    per_worker = max(1, math.ceil(sc.in_flight / sc.num_workers))
-    # spread over the cluster's nodes: losing one node then costs only its share of the dialogues
-    Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per_worker, scheduling_strategy="SPREAD")
-    cases_ref = ray.put(by_id)
-
-    def new_worker() -> Any:
-        return Worker.remote(cases_ref, engine, sc.dialogue, sc.seed)
-
-    workers = [new_worker() for _ in range(sc.num_workers)]
-    nodes = ray.get([w.ready.remote() for w in workers])
-
-    shard_of: dict[str, int] = {}
-    pending_rows: dict[int, list[dict[str, Any]]] = {}
-    remaining: dict[int, int] = {}
-    queue: list[Item] = []
-    for si, shard in enumerate(work):
-        remaining[si] = len(shard)
-        pending_rows[si] = []
-        for it in shard:
-            shard_of[it.dialogue_id] = si
-            queue.append(it)
-    queue = submission_order(queue, by_id, sc, sc.in_flight)  # the last ones longest first (mdd/scheduling.py)
-    queue.reverse()  # pop() from the end keeps that order
-    attempts: Counter = Counter()
-    tiebreak = itertools.count()
-    inflight: dict[Any, tuple[Item, int, Any]] = {}
-    rr = 0
-    bar = tqdm(total=total, initial=initial, unit="dlg", desc="dialogues", disable=not progress,
-               dynamic_ncols=True, file=sys.stderr)
-
-    def submit(it: Item) -> None:
-        nonlocal rr
-        k = rr % len(workers)
-        rr += 1
-        attempts[it.dialogue_id] += 1
-        inflight[workers[k].run.remote(it.case_id, it.variant)] = (it, k, workers[k])
-
-    def settle(it: Item, row: dict[str, Any] | None, error: str | None, guard: dict[str, Any] | None = None) -> None:
-        si = shard_of[it.dialogue_id]
-        if row is not None:
-            pending_rows[si].append(row)
-        else:
-            error = privacy.mask(error or "unknown")  # an engine's error body may quote the prompt
-            failures.append({"dialogue_id": it.dialogue_id, "case_id": it.case_id, "variant": it.variant,
-                             "attempts": attempts[it.dialogue_id], "error": error,
-                             "guards": guard["guards"] if guard else None, "speaker": guard["speaker"] if guard else None,
-                             "guard_events": [{**e, "reason": privacy.mask(e["reason"])} for e in guard["events"]]
-                             if guard else None})
-            log.error("dialogue %s failed after %d attempts: %s", it.dialogue_id, attempts[it.dialogue_id],
-                      (error or "").splitlines()[0] if error else "")
-        remaining[si] -= 1
-        bar.update(1)
-        if remaining[si] == 0:
-            write_shard(si)
-
-    def write_shard(si: int) -> None:
-        """A whole shard is named by its planned ids; an unfinished one (Ctrl-C) by the ids it holds."""
-        order = {it.dialogue_id: k for k, it in enumerate(work[si])}
-        rows = sorted(pending_rows.pop(si), key=lambda r: order[r["dialogue_id"]])
-        if rows:
-            ids = [it.dialogue_id for it in work[si]] if remaining[si] == 0 else [r["dialogue_id"] for r in rows]
-            out.write_table(pa.Table.from_pylist(rows, schema=schema.DIALOGUE), f"{SYNTH}/{shard_name(ids)}",
-                            metadata=shard_meta)
-            stats.written += len(rows)
-
-    delayed: list[tuple[float, int, Item]] = []  # (not before, tie-break, item): retries after an engine failure
-    interrupted = False
-    try:
-        while queue or inflight or delayed:
-            now = time.monotonic()
-            while delayed and delayed[0][0] <= now:
-                queue.append(heapq.heappop(delayed)[2])
-            while queue and len(inflight) < sc.in_flight:
-                submit(queue.pop())
-            if not inflight:
-                time.sleep(min(1.0, max(0.0, delayed[0][0] - now)))
-                continue
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0 if delayed else None)
-            for ref in ready:
-                it, k, handle = inflight.pop(ref)
-                try:
-                    res = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:  # the worker process died: replace it
-                    res = {"ok": False, "retriable": True, "error": f"worker died: {exc}"}
-                    if workers[k] is handle:
-                        log.warning("dialogue worker %d died; starting a new one", k)
-                        workers[k] = new_worker()
-                except ray.exceptions.RayError as exc:
-                    res = {"ok": False, "retriable": True, "error": f"worker: {type(exc).__name__}: {exc}"}
-                if res["ok"]:
-                    stats.add(res)
-                    settle(it, res["row"], None)
-                elif res.get("retriable") and attempts[it.dialogue_id] < sc.max_attempts:
-                    stats.retries += 1
-                    n = attempts[it.dialogue_id]
-                    # an engine (or worker) failure: give it time to restart before the retry
-                    wait = sc.retry_backoff_s * 2 ** (n - 1) if res["error"].startswith(("engine", "worker")) else 0.0
-                    log.warning("retrying %s in %.0f s (attempt %d): %s", it.dialogue_id, wait, n + 1,
-                                privacy.mask(res["error"].splitlines()[0]))
-                    heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))
-                else:
-                    g = res.get("guard_failure")
-                    if g is not None:
-                        stats.guards.add(g["generated"], g["events"], (g["speaker"], g["guards"]))
-                    settle(it, None, res["error"], g)
-    except KeyboardInterrupt:
-        interrupted = True
-        bar.close()
-        log.warning("interrupted: writing the finished dialogues, then stopping")
-        for si in sorted(pending_rows):
-            write_shard(si)
-    finally:
-        bar.close()
-        collected = _collect_worker_metrics(workers, timeout_s=2.0 if interrupted else 10.0)
-        for w in workers:
-            ray.kill(w)
-    return collected, interrupted, nodes
-
-
-def _collect_worker_metrics(workers: list[Any], timeout_s: float = 10.0) -> list[dict[str, float]]:
-    """Each live worker's engine counters; a worker that does not answer in time is left out."""
-    import ray
-
-    refs = [w.engine_metrics.remote() for w in workers]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    out = []
-    for ref in ready:
-        try:
-            out.append(ray.get(ref))
-        except ray.exceptions.RayError:
-            log.warning("a dialogue worker's engine counters could not be collected")
-    return out

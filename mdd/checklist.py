@@ -214,3 +214,31 @@ def missing_cells(matrix: Mapping[str, Mapping[str, Mapping[str, int]]]) -> list
     """``"F32:risk_plan 4/5"`` for every cell where some dialogue did not ask the item."""
     return [f"{p}:{i} {c['asked']}/{c['of']}" for p, cells in matrix.items() for i, c in cells.items()
             if c["asked"] < c["of"]]
+
+
+# --- ages: what an exact age means to the checklist and the rules --------------------------
+
+
+AGE_TOP = 150
+
+
+@lru_cache(maxsize=1)
+def age_cuts() -> tuple[int, ...]:
+    """Every age at which a test of the checklist (``by_age``) or of a rule set's ``meta`` (``age_min``,
+    ``age_max`` + 1) changes its answer: the bounds of a row's ``age_range``."""
+    cuts = set()
+    for r in load().by_age:
+        cuts.update(x for x in (r.age_min, None if r.age_max is None else r.age_max + 1) if x is not None)
+    for path in sorted((knowledge.HERE / "rules").glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        cuts.update(int(x) for x in re.findall(r"age_min:\s*(\d+)", text))
+        cuts.update(int(x) + 1 for x in re.findall(r"age_max:\s*(\d+)", text))
+    return tuple(sorted(c for c in cuts if 0 < c < AGE_TOP))
+
+
+def age_range(age: int) -> list[int]:
+    """The span between two of :func:`age_cuts` that holds ``age`` (e.g. 13-17): what the rules need
+    to know of an exact age that every output rounds to tens."""
+    lo = max((c for c in age_cuts() if c <= age), default=0)
+    hi = min((c for c in age_cuts() if c > age), default=AGE_TOP + 1) - 1
+    return [lo, hi]

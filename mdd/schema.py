@@ -81,7 +81,7 @@ DIALOGUE = pa.schema(
         pa.field("treatment", pa.string()),
         pa.field("gender", pa.string()),
         pa.field("age", pa.int32()),
-        pa.field("age_range", pa.list_(pa.int32())),  # [lo, hi] around the exact age: rule_set.age_range
+        pa.field("age_range", pa.list_(pa.int32())),  # [lo, hi] around the exact age: checklist.age_range
         pa.field("n_turns", pa.int32()),  # doctor turns, the last (diagnosis) turn included
         pa.field("n_exchanges", pa.int32()),  # doctor question + patient answer pairs
         pa.field("engine", pa.string()),

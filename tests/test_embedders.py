@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mdd.evaluate.embedders import Embedder, make_embedder
+from mdd.index.embedders import Embedder, make_embedder
 
 
 def test_hashing_default_deterministic_normalised():

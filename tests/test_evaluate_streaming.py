@@ -62,7 +62,7 @@ def _evaluate(out, **kw) -> dict:
 def _expected(store, shards: dict[str, pa.Table], names: list[str]) -> dict[str, pa.Table]:
     """The same evaluator, computed another way: in this process, on whole tables."""
     from mdd.evaluate.coverage import coverage_table
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.evaluate.rule_set import load_rules
     from mdd.evaluate.rules import evaluate_rules
     from mdd.evaluate.scoring import ExchangeScorer, corpus_df, load_records

@@ -88,7 +88,7 @@ def test_broken_lexicon_section(tmp_path):
 def test_the_llm_judge_and_the_seed_constant_stay_available(tmp_path):
     from _evaldata import synthesize_scripted
     from mdd.engines.base import Completion
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.evaluate.scoring import ExchangeScorer, load_records
 
     class Judge:

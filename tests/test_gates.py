@@ -118,7 +118,7 @@ def shared(tmp_path_factory):
 
 
 def _scorer(out):
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.evaluate.scoring import ExchangeScorer, corpus_df, load_records
 
     return ExchangeScorer(make_embedder("hashing"), idf=corpus_df(out, 300), records=load_records(out))

@@ -16,7 +16,7 @@ from mdd.dialogue import ops
 from mdd.dialogue.loop import GuardFailure, run_dialogue
 from mdd.engines.base import Completion, Request
 from mdd.engines.scripted import ScriptedEngine
-from mdd.evaluate.faithfulness import case_fields
+from mdd.cases import case_fields
 from mdd.mdd5k import read_mdd5k
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.search import main as search_main
-from mdd.evaluate.embedders import make_embedder
+from mdd.index.embedders import make_embedder
 from mdd.evaluate.quality import QualityScorer
 from mdd.config import IndexConfig
 from mdd.index import Searcher, build_index, index_vectors, qa_text, search

@@ -27,7 +27,7 @@ def test_held_out_recipes_replace_every_answer(tmp_path):
 
 def test_measure_and_options_on_a_subset(tmp_path):
     from _evaldata import import_shared
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
 
     table = import_shared(tmp_path).slice(0, 12)
     memo = _Memo(make_embedder("hashing"))

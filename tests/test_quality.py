@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mdd.evaluate.embedders import make_embedder
+from mdd.index.embedders import make_embedder
 from mdd.evaluate.quality import (
     QualityScorer,
     distractor_index,

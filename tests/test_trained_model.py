@@ -45,7 +45,7 @@ def real_run(ray_session, tmp_path_factory):
 
 def test_a_trained_model_writes_a_clean_dialogue(real_run):
     from mdd.dialogue import guards as G
-    from mdd.evaluate.faithfulness import case_fields
+    from mdd.cases import case_fields
     from mdd.cases import load_cases
 
     rc, out = real_run

@@ -79,7 +79,7 @@ def shared_sample(tmp_path_factory):
 
 
 def test_self_check_separates_on_real_dialogues(shared_sample):
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.evaluate.scoring import ExchangeScorer
 
     sample, idf = shared_sample
@@ -95,7 +95,7 @@ def test_self_check_separates_on_real_dialogues(shared_sample):
 def test_a_blind_evaluator_says_so_loudly(shared_sample, tmp_path, caplog):
     from importlib import resources
 
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.evaluate.scoring import ExchangeScorer
 
     sample, idf = shared_sample

@@ -439,3 +439,17 @@ def load_cases(path: str | Path, deid: privacy.Deidentifier | None = None) -> tu
     records, rejects = read_records(path, deid)
     cases, problems = validate_records(records, deid)
     return cases, rejects + problems
+
+
+def case_fields(case: Any) -> dict[str, str]:
+    """A validated ``mdd.cases.Case`` as the record map of ``cases.parquet``: field path → text."""
+    out = {}
+    for name in ("主诉", "现病史", "重要或相关躯体疾病史", "家族史"):
+        out[name] = case.get(name)
+    for name, value in (("个人史", case.personal), ("精神检查", case.exam)):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                out[f"{name}.{k}"] = str(v)
+        elif value:
+            out[name] = str(value)
+    return {k: v for k, v in out.items() if v}

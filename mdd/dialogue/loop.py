@@ -18,7 +18,7 @@ from typing import Any
 
 from mdd.cases import Case
 from mdd.config import DialogueConfig
-from mdd.evaluate.rule_set import age_range
+from mdd.checklist import age_range
 from mdd.dialogue import guards, ops
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
@@ -29,7 +29,7 @@ from mdd.dialogue.companion import CompanionRole, addressee
 from mdd.dialogue.patient import PatientRole
 from mdd.dialogue.setting import agenda_for, companion_of, style_of
 from mdd.dialogue.views import agent_view
-from mdd.evaluate.faithfulness import case_fields
+from mdd.cases import case_fields
 from mdd.record import DialogueRecord, Turn, doctor_turns
 from mdd.record.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling

@@ -164,16 +164,3 @@ def score_record_faithfulness(answers: Sequence[str], case_ids: Sequence[str | N
         out.append(score_answer(a, cache[cid], g, exp))
     return out
 
-
-def case_fields(case: Any) -> dict[str, str]:
-    """A validated ``mdd.cases.Case`` as the record map of ``cases.parquet``: field path → text."""
-    out = {}
-    for name in ("主诉", "现病史", "重要或相关躯体疾病史", "家族史"):
-        out[name] = case.get(name)
-    for name, value in (("个人史", case.personal), ("精神检查", case.exam)):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                out[f"{name}.{k}"] = str(v)
-        elif value:
-            out[name] = str(value)
-    return {k: v for k, v in out.items() if v}

@@ -29,7 +29,7 @@ class DialogueView:
     dialogue_id: str
     exchanges: tuple[Exchange, ...]
     age: Any = None
-    age_range: Any = None  # [lo, hi] from the exact age (rule_set.age_range); the age itself is rounded
+    age_range: Any = None  # [lo, hi] from the exact age (checklist.age_range); the age itself is rounded
     gender: Any = None
     diagnosis: str | None = None
     icd_code: str | None = None

@@ -45,7 +45,7 @@ def _cluster() -> tuple[int, int]:
 
 def _check_settings(cfg: Any) -> None:
     """The evaluator's settings, checked before anything is touched (the error names the key)."""
-    from mdd.evaluate.embedders import check_embedder
+    from mdd.index.embedders import check_embedder
     from mdd.evaluate.judges import make_judge
     from mdd.evaluate.quality import load_lexicon
     from mdd.evaluate.rule_set import load_rules
@@ -114,7 +114,7 @@ def _run(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, t0: flo
 
 def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, judge_engine: Any, t0: float,
               full: bool) -> dict:
-    from mdd.evaluate.embedders import is_gpu_embedder
+    from mdd.index.embedders import is_gpu_embedder
 
     ev = cfg.evaluate
     faith_mode = _faith_mode(ev)
@@ -193,7 +193,7 @@ def _validity(cfg: Any, out: Store, dst: Store, shards: dict[str, list[str]], sc
     the same pipeline in the driver (reads only the shards that hold sampled dialogues)."""
     import pyarrow.parquet as pq
 
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.evaluate.scoring import ExchangeScorer
     from mdd.evaluate.validity import sample_ids, self_check
 

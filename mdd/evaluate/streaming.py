@@ -84,7 +84,7 @@ class ShardEvaluator:
     def __init__(self, src: Any, dst: Any, columns: list[str], per_batch: int, scorer_kwargs: dict[str, Any],
                  embedder: str, embedder_model: str | None, rule_sets: tuple[str, ...], judge: str,
                  engine_cfg: Any, metadata: dict[str, str], index_cfg: Any):
-        from mdd.evaluate.embedders import make_embedder
+        from mdd.index.embedders import make_embedder
         from mdd.evaluate.judges import make_judge
         from mdd.evaluate.rule_set import load_rules
         from mdd.evaluate.scoring import ExchangeScorer, load_records

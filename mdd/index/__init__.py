@@ -70,7 +70,7 @@ def build_from_pairs(dst: Store, embedder_name: str, embedder_model: str | None,
     """The index of ``dst``'s ``eval/pairs/*.parquet`` (the stage's; runs in a Ray worker)."""
     import pyarrow.parquet as pq
 
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.index.build import build
 
     cfg = _index_cfg(cfg)
@@ -97,7 +97,7 @@ def build_index(
     previous index."""
     import pyarrow.compute as pc
 
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
     from mdd.index.build import SIDECAR_COLUMNS, build
 
     cfg = _index_cfg(cfg)
@@ -164,7 +164,7 @@ class Searcher:
         import faiss
         import pyarrow.parquet as pq
 
-        from mdd.evaluate.embedders import make_embedder
+        from mdd.index.embedders import make_embedder
 
         self.store = open_store(out_dir)
         path = f"{INDEX_DIR}/{INDEX_FILE}"

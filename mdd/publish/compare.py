@@ -213,7 +213,7 @@ def embed(turns: Sequence[tuple[str, str]], embedder: Any) -> dict[str, np.ndarr
 def compare(run: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]], *,
             embedder: str = DEFAULT_EMBEDDER, max_turns: int = DEFAULT_MAX_TURNS, seed: int = 0) -> dict[str, Any]:
     """The measures of both sets and a distance for each."""
-    from mdd.evaluate.embedders import make_embedder
+    from mdd.index.embedders import make_embedder
 
     if not run or not reference:
         raise ValueError("compare: both sets need at least one dialogue "

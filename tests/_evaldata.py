@@ -28,7 +28,7 @@ def synthesize_scripted(out: Path, n_cases: int = 6, variants: int = 2) -> pa.Ta
     from mdd.cases import load_cases
     from mdd.config import DialogueConfig
     from mdd.driver import DialogueWorker, write_cases
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
     from mdd.schema import DIALOGUE
     from mdd.storage import open_store
 

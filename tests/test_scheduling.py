@@ -37,7 +37,7 @@ def test_the_planned_length_is_the_one_the_dialogue_draws_and_predicts_its_lengt
     the planned lengths order the dialogues' actual lengths (negative control: another variant's plan)."""
     from mdd.dialogue import ops
     from mdd.dialogue.loop import Dialogue, planned_exchanges, setting
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
 
     cfg = load_config(REPO / "configs" / "local.yaml")
     cases, _ = load_cases(REPO / "data" / "cases")

@@ -110,7 +110,7 @@ class Engine(Protocol):
 
 
 _REGISTRY: dict[str, str] = {
-    "scripted": "mdd.engines.scripted:ScriptedEngine",
+    "scripted": "mdd.dialogue.dryrun.engine:ScriptedEngine",
     "vllm": "mdd.engines.vllm:VLLMPoolEngine",
     "openai": "mdd.engines.openai_engine:OpenAIEngine",
 }

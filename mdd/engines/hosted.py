@@ -1,4 +1,4 @@
-"""An in-process engine (e.g. ``scripted``) hosted in the vLLM pool's engine actors.
+"""An in-process engine (e.g. ``scripted``) hosted in the actor pool's engine actors.
 
 ``engine.vllm.hosted: scripted`` keeps everything of a ``vllm`` run but the model: one engine actor
 per GPU (``num_gpus_per_engine``, the same placement), the pool's sticky least-loaded routing and
@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from mdd.engines.base import Request, engine_class
-from mdd.engines.vllm.pool import VLLMPoolEngine
+from mdd.engines.pool import ActorPoolEngine
 
 
 @ray.remote
@@ -58,12 +58,16 @@ class HostedEngineActor:
         self.engine.shutdown()
 
 
-class HostedPoolEngine(VLLMPoolEngine):
-    """The vLLM pool over :class:`HostedEngineActor` s; its rows name the hosted engine."""
+class HostedPoolEngine(ActorPoolEngine):
+    """The actor pool over :class:`HostedEngineActor` s, placed as the vLLM pool's (``cfg.vllm``); its
+    rows name the hosted engine, its errors read as the vLLM pool's."""
+
+    name = "vllm"
+    label = "vllm"
 
     @classmethod
     def launch(cls, cfg: Any, actor_cls: Any = None) -> "HostedPoolEngine":
-        pool = super().launch(cfg, actor_cls or HostedEngineActor)
+        pool = cls.start(cfg, actor_cls or HostedEngineActor)
         pool.name, pool.model = pool.launch_info[0]["engine"], pool.launch_info[0]["model"]
         return pool
 

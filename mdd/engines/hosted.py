@@ -21,11 +21,12 @@ from mdd.engines.pool import ActorPoolEngine
 
 @ray.remote
 class HostedEngineActor:
-    """The pool's actor interface around an in-process engine."""
+    """The pool's actor interface around an in-process engine (``opts["hosted_class"]``, resolved by the
+    driver: this process has imported no engine but the class's own module)."""
 
     def __init__(self, model: str, opts: dict[str, Any], index: int = 0) -> None:
         self.index = index
-        self.engine = engine_class(opts["hosted"]).launch(SimpleNamespace(model=model))
+        self.engine = opts["hosted_class"].launch(SimpleNamespace(model=model))
         self.node = ray.get_runtime_context().get_node_id()
         self.in_flight = self.requests = self.prompt_tokens = self.output_tokens = 0
 
@@ -67,7 +68,7 @@ class HostedPoolEngine(ActorPoolEngine):
 
     @classmethod
     def launch(cls, cfg: Any, actor_cls: Any = None) -> "HostedPoolEngine":
-        pool = cls.start(cfg, actor_cls or HostedEngineActor)
+        pool = cls.start(cfg, actor_cls or HostedEngineActor, {"hosted_class": engine_class(cfg.vllm.hosted)})
         pool.name, pool.model = pool.launch_info[0]["engine"], pool.launch_info[0]["model"]
         return pool
 

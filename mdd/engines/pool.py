@@ -116,9 +116,10 @@ class ActorPoolEngine(EngineBase):
 
     # ----- launch (driver) ------------------------------------------------------------
     @classmethod
-    def start(cls, cfg: Any, actor_cls: Any) -> "ActorPoolEngine":
+    def start(cls, cfg: Any, actor_cls: Any, extra: dict[str, Any] | None = None) -> "ActorPoolEngine":
         """Start ``cfg.vllm.num_engines`` actors of ``actor_cls`` (placed by ``cfg.vllm``: GPUs, CPUs,
-        tensor parallelism, restarts) and wait until all are ready."""
+        tensor parallelism, restarts) and wait until all are ready. Each actor gets ``cfg.vllm``'s
+        options as a dict, with ``extra`` added."""
         from mdd.engines.tiny_model import resolve_model
 
         if not ray.is_initialized():
@@ -129,7 +130,7 @@ class ActorPoolEngine(EngineBase):
         t_launch = time.monotonic()
         o = cfg.vllm
         model = resolve_model(cfg.model)
-        opts = o.model_dump()
+        opts = {**o.model_dump(), **(extra or {})}
         tp = int(o.tensor_parallel_size)
         actors: list[Any] = []
         pgs: list[Any] = []

@@ -16,7 +16,7 @@ from typing import Any
 
 from mdd.dialogue.ops import short_point, triple_phrase
 from mdd.dialogue.wording import wording
-from mdd.engines.base import Completion, EngineBase, Request
+from mdd.engines.base import Completion, EngineBase, Request, register_engine
 from mdd.dialogue.patient import evasive
 from mdd.dialogue.dryrun.speech import TIME, clauses, companion_answer, patient_answer
 from mdd.evaluate.speech import opener
@@ -55,6 +55,7 @@ def _chars(request: Request) -> int:
     return sum(len(m.content) for m in request.messages)
 
 
+@register_engine("scripted")
 class ScriptedEngine(EngineBase):
     name = "scripted"
 

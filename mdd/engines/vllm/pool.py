@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from mdd.engines.base import Request
+from mdd.config import VLLMOptions
+from mdd.engines.base import Request, register_engine
 from mdd.engines.pool import ActorPoolEngine
 from mdd.engines.vllm.actor import EngineActor, EngineDeadError, sampling_to_dict
 
 
+@register_engine("vllm", options=VLLMOptions)
 class VLLMPoolEngine(ActorPoolEngine):
     """Client of a pool of :class:`EngineActor` s; picklable (actor handles only)."""
 

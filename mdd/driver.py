@@ -80,15 +80,15 @@ class DialogueWorker:
             row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple,
                                            self.exemplars)
             finished = True
-        except EngineError as exc:
-            return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
+        except EngineError as exc:  # the engine down or unreachable: retried after a backoff (``backoff``)
+            return {"ok": False, "retriable": self.engine.should_retry(exc), "backoff": True, "error": f"engine: {exc}"}
         except GuardFailure as exc:  # a turn that failed its guards after every regeneration: counted, not retried
             return {"ok": False, "retriable": False, "error": f"guard: {exc}",
                     "guard_failure": {"speaker": exc.speaker, "guards": exc.guards, "events": exc.events,
                                       "generated": exc.generated}}
         except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
-            # retried from the start unless the exception says retrying cannot help (a 4xx request error)
-            return {"ok": False, "retriable": getattr(exc, "retriable", True),
+            # retried from the start unless the engine says retrying cannot help (a 4xx request error)
+            return {"ok": False, "retriable": self.engine.should_retry(exc), "backoff": False,
                     "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
         finally:  # the engine frees what it kept for the dialogue (its admission room)
             await self.engine.close_session(ops.dialogue_id(case_id, variant), finished)
@@ -523,12 +523,13 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                 try:
                     res = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:  # the worker process died: replace it
-                    res = {"ok": False, "retriable": True, "error": f"worker died: {exc}"}
+                    res = {"ok": False, "retriable": True, "backoff": True, "error": f"worker died: {exc}"}
                     if workers[k] is handle:
                         log.warning("dialogue worker %d died; starting a new one", k)
                         workers[k] = new_worker()
                 except ray.exceptions.RayError as exc:
-                    res = {"ok": False, "retriable": True, "error": f"worker: {type(exc).__name__}: {exc}"}
+                    res = {"ok": False, "retriable": True, "backoff": True,
+                           "error": f"worker: {type(exc).__name__}: {exc}"}
                 if res["ok"]:
                     stats.add(res)
                     settle(it, res["row"], None)
@@ -536,7 +537,7 @@ def _fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list
                     stats.retries += 1
                     n = attempts[it.dialogue_id]
                     # an engine (or worker) failure: give it time to restart before the retry
-                    wait = sc.retry_backoff_s * 2 ** (n - 1) if res["error"].startswith(("engine", "worker")) else 0.0
+                    wait = sc.retry_backoff_s * 2 ** (n - 1) if res.get("backoff") else 0.0
                     log.warning("retrying %s in %.0f s (attempt %d): %s", it.dialogue_id, wait, n + 1,
                                 privacy.mask(res["error"].splitlines()[0]))
                     heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))

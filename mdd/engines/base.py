@@ -83,7 +83,8 @@ class EngineError(RuntimeError):
 class EngineRequestError(ValueError):
     """A request the engine refuses for good (bad request, unknown model): retrying cannot help.
 
-    ``retriable = False`` tells the driver to record the dialogue as failed after one attempt."""
+    An engine's :meth:`EngineBase.should_retry` says no to it, so the driver records the dialogue as
+    failed after one attempt."""
 
     retriable = False
 
@@ -172,6 +173,12 @@ class EngineBase:
 
     async def generate(self, request: Request) -> Completion:
         raise NotImplementedError
+
+    def should_retry(self, exc: BaseException) -> bool:
+        """Whether a dialogue that failed with ``exc`` while this engine served it is worth running again
+        from its start: yes, unless the engine refused a request for good (:class:`EngineRequestError`).
+        An :class:`EngineError` (the engine down or unreachable) is also retried after a backoff."""
+        return not isinstance(exc, EngineRequestError)
 
     async def close(self) -> None:
         return None

@@ -14,6 +14,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from mdd.errors import entry_point
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mdd cases", description="synthetic case records and the consistency checker")
@@ -40,9 +42,7 @@ def _error(msg: str) -> int:
 
 
 def synthesize(args: argparse.Namespace) -> int:
-    from mdd.cases.plan import ProfileError
     from mdd.cases.synth import synthesize_cases
-    from mdd.engines.base import EngineError
 
     if args.n <= 0:
         return _error("--n must be a positive number of cases")
@@ -51,7 +51,7 @@ def synthesize(args: argparse.Namespace) -> int:
         if args.writer == "engine":
             engine, writer = _engine_writer(args.config)
         result = synthesize_cases(args.n, args.profile, args.out, seed=args.seed, writer=writer)
-    except (ProfileError, ValueError, OSError, EngineError) as exc:  # EngineError: the writer's engine went down
+    except (ValueError, OSError) as exc:  # an MddError (a profile, the writer's engine gone) reaches entry_point
         return _error(str(exc))
     finally:
         if engine is not None:
@@ -95,14 +95,11 @@ def check(args: argparse.Namespace) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mdd.cases import CaseFileError, load_cases
+    from mdd.cases import load_cases
     from mdd.cases.check import check_cases
     from mdd.cases.synth import REJECT_SCHEMA
 
-    try:
-        cases, problems = load_cases(args.path)
-    except CaseFileError as exc:
-        return _error(str(exc))
+    cases, problems = load_cases(args.path)
     rows = [{"case_id": r.case_id, "rule": "validation", "field": r.field, "reason": r.reason} for r in problems]
     rows += [f.as_row() for f in check_cases(cases)]
     out = Path(args.out)
@@ -119,6 +116,7 @@ def check(args: argparse.Namespace) -> int:
     return 1 if rows else 0
 
 
+@entry_point("cases")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return synthesize(args) if args.command == "synthesize" else check(args)

@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdd.errors import entry_point
 
+
+@entry_point("compare")
 def main(argv: list[str] | None = None) -> int:
     from mdd.publish.compare import DEFAULT_EMBEDDER, DEFAULT_MAX_TURNS
 
@@ -29,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_turns < 2:
         ap.error("--max-turns must be at least 2")
     from mdd.publish.compare import format_table, run_compare
-    from mdd.storage import StorageError, is_write_error, open_store, writable_error
+    from mdd.storage import is_write_error, open_store, writable_error
 
     try:
         report = run_compare(args.out, args.reference, embedder=args.embedder, max_turns=args.max_turns,
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"compare: {writable_error(open_store(args.out), exc)}", file=sys.stderr)
         return 2
-    except (ValueError, StorageError) as exc:
+    except ValueError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:

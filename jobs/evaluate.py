@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdd.errors import MddError, entry_point
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mdd evaluate", description="quality metrics, rule judge and QA index")
@@ -34,9 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@entry_point("evaluate")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mdd.config import ConfigError, load_config
+    from mdd.config import load_config
 
     overrides = {
         "evaluate.embedder": args.embedder,
@@ -47,21 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         "evaluate.batch_size": args.batch_size,
         "evaluate.concurrency": args.concurrency,
     }
-    try:
-        cfg = load_config(args.config, overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides)
     out = args.out or cfg.synth.out
     from mdd.evaluate.stage import run_evaluate
-    from mdd.storage import StorageError, run_lock
+    from mdd.storage import run_lock
 
     try:
         with run_lock(out, "evaluate", wait=args.wait, create=False):
             run_evaluate(cfg, out, quiet=args.quiet, full=args.full)
-    except StorageError as exc:  # a lock held, an OUT that cannot be written, a damaged shard: nothing changed
-        print(f"evaluate: {exc}", file=sys.stderr)
-        return 2
+    except MddError:  # a lock held, an OUT that cannot be written, a damaged shard: exit 2 (entry_point)
+        raise
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdd.errors import entry_point
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mdd export", description="One row per dialogue as chat messages (SFT) or ShareGPT.")
@@ -23,40 +25,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry_point("export")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from mdd.config import ConfigError, load_config
     from mdd.publish.export import ExportError, Filters, export
 
-    try:
-        cfg = load_config(args.config, {"publish.export.min_quality": args.min_quality,
-                                        "publish.export.metric": args.metric,
-                                        "publish.export.min_rule_pass": args.min_rule_pass,
-                                        "publish.export.mask_below": args.mask_below})
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, {"publish.export.min_quality": args.min_quality,
+                                    "publish.export.metric": args.metric,
+                                    "publish.export.min_rule_pass": args.min_rule_pass,
+                                    "publish.export.mask_below": args.mask_below})
     from mdd.publish.card import write_card
     from mdd.publish.run_data import RunData
     from mdd.storage import StorageError, dialogue_shards, open_store, run_lock
 
     e = cfg.publish.export
-    try:
-        store = open_store(args.out or cfg.synth.out)
-        with run_lock(store, "export", wait=args.wait, create=False):
-            fmt = args.format
-            dialogue_shards(store, quarantine=False)  # a damaged input is named before anything is written
-            RunData(store).check_readable()
-            # written aside, then swapped in: a failed export or card never replaces the last good one
-            with store.staged(f"export-{fmt}", (f"export/{fmt}", f"export/{fmt}.jsonl", "README.md"),
-                              passthrough=(ExportError,)) as st:
-                s = export(store, fmt, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below), dest=st.out)
-                section = {**(store.read_run_json().get("export") or {}), fmt: s}
-                st.run_json["export"] = section
-                write_card(store, cfg if args.config else None, dest=st.out, sections={"export": section})
-    except (ExportError, StorageError) as exc:
-        print(f"export: {exc}", file=sys.stderr)
-        return 2
+    store = open_store(args.out or cfg.synth.out)
+    with run_lock(store, "export", wait=args.wait, create=False):
+        fmt = args.format
+        dialogue_shards(store, quarantine=False)  # a damaged input is named before anything is written
+        RunData(store).check_readable()
+        # written aside, then swapped in: a failed export or card never replaces the last good one
+        with store.staged(f"export-{fmt}", (f"export/{fmt}", f"export/{fmt}.jsonl", "README.md"),
+                          passthrough=(ExportError,)) as st:
+            s = export(store, fmt, Filters(e.min_quality, e.metric, e.min_rule_pass, e.mask_below), dest=st.out)
+            section = {**(store.read_run_json().get("export") or {}), fmt: s}
+            st.run_json["export"] = section
+            write_card(store, cfg if args.config else None, dest=st.out, sections={"export": section})
     dropped = ", ".join(f"{v} {k}" for k, v in s["dropped"].items()) or "none"
     print(f"export: {s['rows']} dialogues as {args.format} -> {', '.join(store.display(f) for f in s['files'])}; "
           f"left out: {dropped}")

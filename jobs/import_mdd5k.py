@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from mdd.errors import entry_point
 from mdd.mdd5k import read_mdd5k
 from mdd.schema import DIALOGUE, REJECT
 from mdd.storage import open_store
@@ -42,6 +43,7 @@ def import_mdd5k(dialogues_dir: Path, labels_dir: Path | None, out: str | Path, 
     return {**counts, "rejects": len(rejects), "shards": shards}
 
 
+@entry_point("import-mdd5k")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mdd import-mdd5k", description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", help="release root holding MDD_5k/ and Label/")

@@ -10,9 +10,11 @@ import argparse
 import logging
 import sys
 
+from mdd.errors import entry_point
 from mdd import models
 
 
+@entry_point("models")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mdd models", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="exit codes: 0 done; 1 path: not fetched; 2 an unknown model, a registry that "
@@ -26,25 +28,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        if args.cmd == "fetch":
-            d = models.fetch(args.name, log=lambda m: print(m, file=sys.stderr), keep_download=args.keep_download)
-            print(d)
-            return 0
-        if args.cmd == "list":
-            for name, s in models.registry().items():
-                where = models.fetched(name)
-                print(f"{name}\t{'fetched: ' + str(where) if where else 'not fetched'}\t{s.description}")
-            return 0
-        d = models.fetched(models.spec(args.name).name)
-        if d is None:
-            print(f"mdd models: {args.name} is not fetched (mdd models fetch {args.name})", file=sys.stderr)
-            return 1
+    if args.cmd == "fetch":
+        d = models.fetch(args.name, log=lambda m: print(m, file=sys.stderr), keep_download=args.keep_download)
         print(d)
         return 0
-    except models.ModelError as exc:
-        print(f"mdd models: {exc}", file=sys.stderr)
-        return 2
+    if args.cmd == "list":
+        for name, s in models.registry().items():
+            where = models.fetched(name)
+            print(f"{name}\t{'fetched: ' + str(where) if where else 'not fetched'}\t{s.description}")
+        return 0
+    d = models.fetched(models.spec(args.name).name)
+    if d is None:
+        print(f"mdd models: {args.name} is not fetched (mdd models fetch {args.name})", file=sys.stderr)
+        return 1
+    print(d)
+    return 0
 
 
 if __name__ == "__main__":

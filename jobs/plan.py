@@ -11,9 +11,11 @@ import argparse
 import json
 import sys
 
+from mdd.errors import entry_point
 from mdd.config import ConfigError, load_config
 
 
+@entry_point("plan")
 def main(argv: list[str] | None = None) -> int:
     from mdd.perf.plan import GPUS, DialogueShape, plan_pools, render
 
@@ -24,11 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exchanges", type=float, help=f"exchanges per dialogue (default {DialogueShape.exchanges})")
     p.add_argument("--json", help="also write the plan as JSON to this file")
     args = p.parse_args(argv)
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config)
     shape = DialogueShape(exchanges=args.exchanges) if args.exchanges else DialogueShape()
     try:
         plan = plan_pools(cfg, args.gpu, args.fill, shape)

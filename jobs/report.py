@@ -9,6 +9,8 @@ import argparse
 import logging
 import sys
 
+from mdd.errors import entry_point
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mdd report", description="Write the run report (HTML + PNG) and the dataset card.")
@@ -38,7 +40,7 @@ def publish(cfg, out: str, reference: str | None = None) -> int:
             summary = build_report(store, ref, dest=st.out)
             st.run_json["report"] = summary
             card = write_card(store, cfg, ref, dest=st.out, sections={"report": summary})
-    except (FileNotFoundError, StorageError) as exc:
+    except FileNotFoundError as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     bad = {k: v for k, v in summary["panels"].items() if v.startswith("error")}
@@ -47,30 +49,23 @@ def publish(cfg, out: str, reference: str | None = None) -> int:
     return 0
 
 
+@entry_point("report")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from mdd.config import ConfigError, load_config
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config)
     from mdd.storage import StorageError, open_store, run_lock
 
     out = args.out or cfg.synth.out
-    try:
-        store = open_store(out)
-        with run_lock(store, "report", wait=args.wait, create=False):
-            if not store.parquet_files("synth"):
-                print(f"report: {store.display('synth')}: no dialogues here (run the main job or jobs.synthesize "
-                      f"first)", file=sys.stderr)
-                return 2
-            return publish(cfg, out, args.reference)
-    except StorageError as exc:
-        print(f"report: {exc}", file=sys.stderr)
-        return 2
+    store = open_store(out)
+    with run_lock(store, "report", wait=args.wait, create=False):
+        if not store.parquet_files("synth"):
+            print(f"report: {store.display('synth')}: no dialogues here (run the main job or jobs.synthesize "
+                  f"first)", file=sys.stderr)
+            return 2
+        return publish(cfg, out, args.reference)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import posixpath
 import sys
 
 from jobs import evaluate, report, synthesize
+from mdd.errors import entry_point
 from mdd import signals
 
 
@@ -24,6 +25,7 @@ def round_out(out: str, r: int, rounds: int) -> str:
     return out if r == rounds else posixpath.join(out.rstrip("/"), "rounds", str(r))
 
 
+@entry_point("run")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mdd run", description="Synthesize dialogues, evaluate them, write the report "
                                 "and the dataset card.", epilog=synthesize.EXIT_CODES)
@@ -44,20 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds must be at least 1")
     from mdd.config import ConfigError, load_config
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config)
     out = args.out or cfg.synth.out
     from mdd.storage import StorageError, run_lock
 
-    try:
-        with run_lock(out, "run", wait=args.wait):  # synthesize, evaluate and report take it again (re-entrant)
-            return _rounds(args, cfg, out)
-    except StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    with run_lock(out, "run", wait=args.wait):  # synthesize, evaluate and report take it again (re-entrant)
+        return _rounds(args, cfg, out)
 
 
 def _rounds(args: argparse.Namespace, cfg, out: str) -> int:

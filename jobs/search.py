@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdd.errors import entry_point
+
 
 def _short(text: str | None, n: int = 80) -> str:
     text = (text or "").replace("\n", " ")
@@ -28,6 +30,7 @@ def _at_least_one(value: str) -> int:
     return k
 
 
+@entry_point("search")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mdd search", description="nearest high-quality QA pairs")
     ap.add_argument("--out", required=True, help="run folder (or s3:// / gs:// URI) holding index/")
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         hits = search(args.out, " ".join(args.text), args.k)
-    except (FileNotFoundError, StorageError) as exc:
+    except FileNotFoundError as exc:
         print(f"search: {exc}", file=sys.stderr)
         return 2
     if not hits:

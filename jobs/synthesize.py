@@ -8,9 +8,9 @@ import argparse
 import logging
 import sys
 
+from mdd.errors import entry_point
 from mdd import signals
-from mdd.cases import CaseFileError
-from mdd.config import ConfigError, load_config
+from mdd.config import load_config
 
 
 EXIT_CODES = """exit codes: 0 done (also with rejects or failed dialogues, unless --strict); 1 every dialogue that ran
@@ -52,36 +52,25 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "such a case set is refused with exit 2")
 
 
+@entry_point("synthesize")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from mdd.privacy import install_log_filter
 
     install_log_filter()
-    try:
-        cfg = load_config(args.config, {
-            "synth.cases": args.cases, "synth.out": args.out, "synth.variants": args.variants,
-            "synth.limit": args.limit, "synth.in_flight": args.in_flight, "synth.seed": args.seed,
-            "synth.dialogue.exemplars.index": args.exemplars,
-            "synth.allow_mixed_sources": True if args.allow_mixed_sources else None,
-        })
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from mdd.dialogue.exemplars import ExemplarError
-    from mdd.driver import RunRefused, run_synthesis
-    from mdd.provenance import ProvenanceMismatch
-    from mdd.storage import StorageError, run_lock
+    cfg = load_config(args.config, {
+        "synth.cases": args.cases, "synth.out": args.out, "synth.variants": args.variants,
+        "synth.limit": args.limit, "synth.in_flight": args.in_flight, "synth.seed": args.seed,
+        "synth.dialogue.exemplars.index": args.exemplars,
+        "synth.allow_mixed_sources": True if args.allow_mixed_sources else None,
+    })
+    from mdd.driver import run_synthesis
+    from mdd.storage import run_lock
 
     try:
         with run_lock(cfg.synth.out, "synthesize", wait=args.wait):
             summary = run_synthesis(cfg, progress=not args.no_progress, resume=args.resume)
-    except CaseFileError as exc:
-        print(f"error: cannot read cases: {exc}", file=sys.stderr)
-        return 2
-    except (RunRefused, ProvenanceMismatch, StorageError, ExemplarError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to finish", file=sys.stderr)
         return signals.exit_code()

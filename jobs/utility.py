@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mdd.errors import entry_point
 
+
+@entry_point("utility")
 def main(argv: list[str] | None = None) -> int:
     from mdd.publish import utility as U
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mdd.errors import MddError
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -471,7 +473,7 @@ class Config(_Frozen):
             return None
 
 
-class ConfigError(ValueError):
+class ConfigError(MddError, ValueError):
     pass
 
 

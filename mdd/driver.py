@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from mdd.errors import MddError
 from mdd import privacy, provenance, schema
 from mdd.cases import Case, Reject, load_cases
 from mdd.cases import diversity as case_diversity
@@ -36,7 +37,7 @@ from mdd.config import Config, DialogueConfig
 from mdd.dialogue.guards import GuardTally
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
 from mdd.engines.router import launch_for
-from mdd.evaluate.speech import SpeechTally
+from mdd.record.speech import SpeechTally
 from mdd.scheduling import submission_order
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 
@@ -259,7 +260,7 @@ def shards(items: list[Item], size: int) -> list[list[Item]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-class RunRefused(Exception):
+class RunRefused(MddError):
     """An expected problem found before any dialogue runs (no usable case, an engine that cannot
     start): the job prints it on one line and exits with code 2."""
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from mdd import privacy
-from mdd.evaluate.speech import jargon_turns
+from mdd.record import count_exchanges, doctor_turns
+from mdd.record.speech import jargon_turns
 
 _CASE_RE = re.compile(r"^patient_(\d+)\.json$")
 _LABEL_RE = re.compile(r"^patient_(\d+)_label\.json$")
@@ -82,19 +83,8 @@ def _turns(conv: Any) -> tuple[list[dict] | None, str]:
     return turns, ""
 
 
-def count_exchanges(turns: list[dict]) -> tuple[int, int]:
-    """(doctor turns, doctor→patient exchanges)."""
-    n_doc = sum(1 for t in turns if t["speaker"] == "doctor")
-    n_ex = sum(
-        1
-        for a, b in zip(turns, turns[1:])
-        if a["speaker"] == "doctor" and b["speaker"] == "patient"
-    )
-    return n_doc, n_ex
-
-
 def _row(n: int, k: int, turns: list[dict], code: str | None, diag: str | None) -> dict:
-    n_doc, n_ex = count_exchanges(turns)
+    n_doc, n_ex = doctor_turns(turns), count_exchanges(turns)  # the evaluation's exchanges (mdd.record)
     return {
         "dialogue_id": f"mdd5k-{n}-{k}",
         "case_id": f"patient_{n}",

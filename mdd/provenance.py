@@ -8,6 +8,8 @@ The fingerprint is a hash of the components that decide a dialogue's content:
 - ``prompts``: a hash of the text of the modules that write the prompts (``PROMPT_MODULES``:
   ``mdd/dialogue/prompts.py``, ``patient.py``, ``lay.py``);
 - ``knowledge``: a hash of every YAML file under ``mdd/knowledge/`` (trees, graphs, personas, ...);
+  both hashes read a moved module under its former name (``MOVED``): moving code writes no new prompt,
+  so it neither changes the fingerprint nor stops a resume;
 - ``privacy``: ``privacy.case_ids`` and an id of the id-hash key (never the key): another key gives
   other case ids.
 
@@ -31,6 +33,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mdd.errors import MddError
+
 RESUME_POLICIES = ("if-possible", "always", "never")
 FINGERPRINT_KEY = "mdd.fingerprint"
 COMPONENTS_KEY = "mdd.provenance"
@@ -39,7 +43,7 @@ UNKNOWN = "unknown"  # dialogues written before fingerprints, or by another tool
 _PKG = Path(__file__).resolve().parent
 
 
-class ProvenanceMismatch(ValueError):
+class ProvenanceMismatch(MddError, ValueError):
     """A rerun would mix dialogues of different provenance into one output (exit code 2)."""
 
 
@@ -52,11 +56,23 @@ def _sha(data: bytes) -> str:
 PROMPT_MODULES = ("dialogue/prompts.py", "dialogue/patient.py", "dialogue/lay.py")
 
 
+# modules moved since fingerprints began, new name -> former name (as module and as path): the hashes
+# read a mention of the new name as the former one
+MOVED = {"mdd.record.speech": "mdd.evaluate.speech"}
+
+
+def _as_before(data: bytes) -> bytes:
+    for new, old in MOVED.items():
+        for a, b in ((new, old), (new.replace(".", "/") + ".py", old.replace(".", "/") + ".py")):
+            data = data.replace(a.encode(), b.encode())
+    return data
+
+
 def prompts_hash() -> str:
     h = hashlib.sha256()
     for rel in PROMPT_MODULES:
         f = _PKG / rel
-        h.update(rel.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"") + b"\0")
+        h.update(rel.encode() + b"\0" + (_as_before(f.read_bytes()) if f.is_file() else b"") + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -64,7 +80,7 @@ def knowledge_hash() -> str:
     h = hashlib.sha256()
     root = _PKG / "knowledge"
     for f in sorted(root.rglob("*.yaml")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + _as_before(f.read_bytes()) + b"\0")
     return h.hexdigest()[:16]
 
 

@@ -94,7 +94,7 @@ DIALOGUE = pa.schema(
         pa.field("fallbacks", pa.int64()),  # tool verdicts that fell back to a rule
         pa.field("source", pa.string()),  # "mdd" for synthesized, "mdd5k" for imported
         pa.field("patient_style", pa.string()),  # the patient's speech style (mdd/knowledge/styles.yaml)
-        pa.field("jargon_turns", pa.int32()),  # patient turns using clinical jargon (mdd/evaluate/speech.py)
+        pa.field("jargon_turns", pa.int32()),  # patient turns using clinical jargon (mdd/record/speech.py)
         pa.field("topic_ids", pa.list_(pa.string())),  # the ids of `topics` (tree / module / experience ids)
         pa.field("required_items", pa.list_(pa.string())),  # the checklist items the case's diagnoses require
         pa.field("items_asked", pa.list_(pa.string())),  # those of them the doctor asked

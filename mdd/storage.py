@@ -50,6 +50,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from mdd.errors import MddError
+
 log = logging.getLogger("mdd.storage")
 
 RUN_JSON = "run.json"
@@ -61,7 +63,7 @@ COMMIT = "COMMIT.json"
 SHARD_COLUMNS = ("dialogue_id", "case_id", "turns")
 
 
-class StorageError(RuntimeError):
+class StorageError(MddError, RuntimeError):
     """OUT cannot be used as asked; the message is one line and names the place."""
 
 

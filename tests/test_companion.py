@@ -61,13 +61,13 @@ THREE = [
 
 
 def test_exchanges_pair_doctor_turns_with_the_patient_or_the_companion():
-    from mdd.evaluate.stage import exchanges_of
+    from mdd.record import exchanges
 
-    ex = exchanges_of(THREE)
-    assert [(q[:4], a[:4]) for _, _, q, a in ex] == [("你好，这", "还好吧。"), ("妈妈，您", "大概半年"),
-                                                    ("你自己觉", "不太好。")]
+    ex = exchanges(THREE)
+    assert [(e.question_text[:4], e.answer_text[:4]) for e in ex] == [("你好，这", "还好吧。"), ("妈妈，您", "大概半年"),
+                                                                      ("你自己觉", "不太好。")]
     two = [t for t in THREE if t["speaker"] != "companion"]  # two-speaker data reads as before
-    assert len(exchanges_of(two)) == 2
+    assert len(exchanges(two)) == 2
 
 
 def test_rules_see_the_companion_and_can_test_its_presence():
@@ -137,7 +137,7 @@ from mdd.dialogue.companion import CompanionRole, choose_companion
 from mdd.dialogue.loop import run_dialogue
 from mdd.engines.base import Message
 from mdd.dialogue.dryrun.engine import ScriptedEngine
-from mdd.evaluate.speech import leak_pattern
+from mdd.record.speech import leak_pattern
 
 ROOT = Path(__file__).resolve().parents[1]
 

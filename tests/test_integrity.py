@@ -200,7 +200,7 @@ def test_a_failed_export_keeps_the_last_good_export_and_card(run_copy, capsys):
     capsys.readouterr()
     assert export_main(["--out", str(out), "--format", "sft", "--min-quality", "0.5"]) == 2
     line = _err_line(capsys)
-    assert line.startswith("export:") and "eval/dialogues/part-" in line and "mdd evaluate" in line, line
+    assert line.startswith("error:") and "eval/dialogues/part-" in line and "mdd evaluate" in line, line
     assert _snapshot(out, rels) == before
     assert not (out / ".staging").exists()
 

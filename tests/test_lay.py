@@ -7,7 +7,7 @@ import pytest
 from mdd import knowledge
 from mdd.cases import load_cases
 from mdd.dialogue.lay import lay
-from mdd.evaluate.speech import leak_pattern
+from mdd.record.speech import leak_pattern
 from mdd.tree import Topic, parse_node
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from mdd.dialogue.patient import (PatientRole, budget_factor, choose_style, evas
                                   style_weights)
 from mdd.engines.base import Completion, EngineBase, Request
 from mdd.dialogue.dryrun.engine import ScriptedEngine
-from mdd.evaluate.speech import leak_pattern, length_stats
+from mdd.record.speech import leak_pattern, length_stats
 from mdd.tree import build_tree, rand_visit
 from mdd.dialogue.prompts import LENGTHS
 

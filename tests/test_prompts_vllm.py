@@ -12,7 +12,7 @@ from mdd.cases import load_cases
 from mdd.config import CompanionConfig, DialogueConfig, GuardConfig
 from mdd.dialogue import ops
 from mdd.dialogue.loop import run_dialogue
-from mdd.evaluate.speech import leak_pattern
+from mdd.record.speech import leak_pattern
 from mdd.perf.replay import Recording
 from mdd.tree import build_tree, for_audience, rand_visit
 from mdd.dialogue.prompts import LENGTHS

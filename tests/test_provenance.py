@@ -98,3 +98,14 @@ def test_another_privacy_key_or_unknown_dialogues_refuse(ray_session, tmp_path, 
                    foreign / "synth" / "mdd5k-00000.parquet")
     with pytest.raises(provenance.ProvenanceMismatch, match="unknown provenance"):
         run_synthesis(config(foreign, cases, **{"synth.variants": 2}), progress=False)
+
+
+def test_a_moved_module_is_hashed_under_its_former_name():
+    """Moving code writes no new prompt: a prompt module or a YAML file that names a moved module by its new
+    name hashes as it did before the move (the fingerprint stays, a resume goes on)."""
+    from mdd import provenance
+
+    before = b"from mdd.evaluate.speech import leak_pattern  # see mdd/evaluate/speech.py\n"
+    after = b"from mdd.record.speech import leak_pattern  # see mdd/record/speech.py\n"
+    assert provenance._as_before(after) == before
+    assert provenance._as_before(b"from mdd.record import Turn") == b"from mdd.record import Turn"

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.import_mdd5k import main as import_main
-from mdd.evaluate.speech import SpeechTally, jargon_in, length_stats, opener, repeated_openers, uses_jargon
+from mdd.record.speech import SpeechTally, jargon_in, length_stats, opener, repeated_openers, uses_jargon
 
 MDD5K = Path(__file__).resolve().parents[1].parent / "shared" / "mdd5k"
 
@@ -26,7 +26,7 @@ def test_jargon_detector_known_answers():
     assert not uses_jargon("最近心情一直不好，以前喜欢的事都提不起劲，天不亮就醒")
     turns = [{"speaker": "doctor", "text": "有没有幻听？"}, {"speaker": "patient", "text": "没有幻听。"},
              {"speaker": "patient", "text": "就是睡不好。"}]
-    from mdd.evaluate.speech import jargon_turns
+    from mdd.record.speech import jargon_turns
     assert jargon_turns(turns) == 1  # the doctor's words are not the patient's
 
 

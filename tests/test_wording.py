@@ -8,7 +8,7 @@ from mdd.config import DialogueConfig
 from mdd.dialogue import ops, wording
 from mdd.dialogue.loop import run_dialogue
 from mdd.dialogue.dryrun.engine import ScriptedEngine
-from mdd.evaluate.speech import SpeechTally, opener
+from mdd.record.speech import SpeechTally, opener
 
 ROOT = Path(__file__).resolve().parents[1]
 

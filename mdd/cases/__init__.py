@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from mdd.errors import MddError
 from mdd import privacy
 
 MAX_FIELD_CHARS = 20_000
@@ -33,7 +34,7 @@ _GENDERS = {"男": "男", "女": "女", "男性": "男", "女性": "女"}
 
 
 
-class CaseFileError(ValueError):
+class CaseFileError(MddError, ValueError):
     """The path holds no case file at all (the run stops with exit code 2); within ``read_records``,
     a file that cannot be read (a file-level reject)."""
 

@@ -20,12 +20,13 @@ from typing import Any
 
 import yaml
 
+from mdd.errors import MddError
 from mdd import knowledge
 
 CHILD_PREFIXES = ("F90", "F93", "F98")  # a child's disorder decides the age of the case
 
 
-class ProfileError(ValueError):
+class ProfileError(MddError, ValueError):
     """A profile that cannot be used (names the file, the key and the reason)."""
 
 

@@ -16,6 +16,7 @@ import zlib
 from collections import Counter
 from typing import Any, Protocol, Sequence
 
+from mdd.errors import MddError
 from mdd import knowledge
 from mdd.cases.plan import CasePlan
 
@@ -283,7 +284,7 @@ class ScriptedCaseWriter:
         return rec
 
 
-class CaseWriteError(ValueError):
+class CaseWriteError(MddError, ValueError):
     """A writer's text that holds no case record (the checker's rule ``writer_output``)."""
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mdd.errors import MddError
 from mdd.config import ExemplarConfig
 
 
@@ -32,7 +33,7 @@ class Exemplar:
     score: float
 
 
-class ExemplarError(ValueError):
+class ExemplarError(MddError, ValueError):
     pass
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from mdd import knowledge
 from mdd.cases import Case
-from mdd.evaluate.speech import leak_pattern
+from mdd.record.speech import leak_pattern
 from mdd.tree import Topic
 
 _CLAUSE = re.compile(r"([，,。；;！!？?\n]+)")

@@ -29,7 +29,8 @@ from mdd.dialogue.companion import CompanionRole, addressee, choose_companion
 from mdd.dialogue.patient import PatientRole, choose_style
 from mdd.dialogue.views import agent_view
 from mdd.evaluate.faithfulness import case_fields
-from mdd.evaluate.speech import jargon_turns
+from mdd.record import DialogueRecord, Turn, doctor_turns
+from mdd.record.speech import jargon_turns
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.tree import Topic
 
@@ -510,51 +511,55 @@ class Dialogue:
 
     # --- output ------------------------------------------------------------------------
 
-    def row(self) -> dict[str, Any]:
+    def dialogue_record(self) -> DialogueRecord:
         c, a = self.case, self.acct
         time, people, event = self.triple
-        return {
-            "dialogue_id": self.id,
-            "case_id": c.case_id,
-            "variant": self.variant,
-            "seed": self.seed,
-            "doctor_persona": self.persona.id,
-            "experience": self.story,
-            "experience_triple": {"time": time, "people": people, "event": event},
-            "topics": list(self.topics),
-            "turns": list(self.turns),
-            "icd_code": c.icd_code,
-            "diagnosis": c.diagnosis,
-            "treatment": c.treatment,
-            "gender": c.gender,
-            "age": c.age_public,
-            "age_range": age_range(c.age),
-            "n_turns": sum(1 for t in self.turns if t["speaker"] == "doctor"),
-            "n_exchanges": self.exchanges,
-            "engine": self.engine.name,
-            "model": self.engine.model,
-            "llm_calls": sum(a.calls.values()),
-            "prompt_tokens": sum(a.prompt_tokens.values()),
-            "output_tokens": sum(a.output_tokens.values()),
-            "prompt_tokens_by_role": dict(a.prompt_tokens),
-            "output_tokens_by_role": dict(a.output_tokens),
-            "fallbacks": sum(a.fallbacks.values()),
-            "source": "mdd",
-            "patient_style": self.patient.style.id,
-            "companion": self.companion.relation if self.companion else None,
-            "jargon_turns": jargon_turns(self.turns),
-            "topic_ids": list(self.topic_ids),
-            "required_items": self.agenda.required_items if self.agenda is not None else [],
-            "items_asked": self.agenda.items_asked(self.topic_ids) if self.agenda is not None else [],
-            "exemplar_index": self.exemplars.source if self.exemplars is not None else None,
-            "guard_events": list(self.guard_events),
-            "regenerations": len({(e["turn"], e["speaker"], e["attempt"]) for e in self.guard_events}),
-            "trimmed_turns": sum(self.trimmed.values()),
-            "topics_skipped": self.topics_skipped,
-            "case_source": c.source,
-            "case_profile": c.profile,
-            "case_plan_seed": c.plan_seed,
-        }
+        return DialogueRecord(
+            dialogue_id=self.id,
+            case_id=c.case_id,
+            variant=self.variant,
+            seed=self.seed,
+            doctor_persona=self.persona.id,
+            experience=self.story,
+            experience_triple={"time": time, "people": people, "event": event},
+            topics=list(self.topics),
+            turns=[Turn.from_row(t) for t in self.turns],
+            icd_code=c.icd_code,
+            diagnosis=c.diagnosis,
+            treatment=c.treatment,
+            gender=c.gender,
+            age=c.age_public,
+            age_range=age_range(c.age),
+            n_turns=doctor_turns(self.turns),
+            n_exchanges=self.exchanges,
+            engine=self.engine.name,
+            model=self.engine.model,
+            llm_calls=sum(a.calls.values()),
+            prompt_tokens=sum(a.prompt_tokens.values()),
+            output_tokens=sum(a.output_tokens.values()),
+            prompt_tokens_by_role=dict(a.prompt_tokens),
+            output_tokens_by_role=dict(a.output_tokens),
+            fallbacks=sum(a.fallbacks.values()),
+            source="mdd",
+            patient_style=self.patient.style.id,
+            companion=self.companion.relation if self.companion else None,
+            jargon_turns=jargon_turns(self.turns),
+            topic_ids=list(self.topic_ids),
+            required_items=self.agenda.required_items if self.agenda is not None else [],
+            items_asked=self.agenda.items_asked(self.topic_ids) if self.agenda is not None else [],
+            exemplar_index=self.exemplars.source if self.exemplars is not None else None,
+            guard_events=list(self.guard_events),
+            regenerations=len({(e["turn"], e["speaker"], e["attempt"]) for e in self.guard_events}),
+            trimmed_turns=sum(self.trimmed.values()),
+            topics_skipped=self.topics_skipped,
+            case_source=c.source,
+            case_profile=c.profile,
+            case_plan_seed=c.plan_seed,
+        )
+
+    def row(self) -> dict[str, Any]:
+        """The dialogue table's row (``dialogue_record().to_row()``)."""
+        return self.dialogue_record().to_row()
 
 
 def setting(personas: list[ops.Persona], case: Case, run_seed: int, variant: int) -> tuple[ops.Persona, tuple[str, str, str]]:

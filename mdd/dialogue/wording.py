@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Any
 
 from mdd import knowledge
-from mdd.evaluate.speech import opener
+from mdd.record.speech import opener
 from mdd.tree import Topic
 
 

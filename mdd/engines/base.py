@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
+from mdd.errors import MddError
+
 Role = Literal["system", "user", "assistant"]
 
 
@@ -76,7 +78,7 @@ class Completion:
     finish_reason: str = "stop"
 
 
-class EngineError(RuntimeError):
+class EngineError(MddError, RuntimeError):
     """A retriable infrastructure failure (engine down, endpoint unreachable)."""
 
 

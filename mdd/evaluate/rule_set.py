@@ -58,6 +58,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from mdd.errors import MddError
+
 RULES_DIR = Path(__file__).resolve().parent.parent / "knowledge" / "rules"
 
 RULE_ID = re.compile(r"^multi_turn:(N_th|FIRST_N):(conv|ask):([A-Za-z0-9_][A-Za-z0-9_.\-]*)$")
@@ -71,7 +73,7 @@ _MALE = {"male", "m", "男", "男性"}
 _FEMALE = {"female", "f", "女", "女性"}
 
 
-class RuleError(ValueError):
+class RuleError(MddError, ValueError):
     """An invalid rule or rule set; the message names the rule and the field."""
 
 

@@ -1,8 +1,9 @@
 """Multi-turn rule judge ("N auto"): judges the rules of :mod:`mdd.evaluate.rule_set` (their ids,
 ``n`` and conditions are described there) on dialogues.
 
-Turn indices are 0-based *exchange* indices: an exchange is a doctor turn plus the patient
-answer that follows it (a final doctor-only turn is an exchange without answer).
+Turn indices are 0-based *exchange* indices here: the judge reads a dialogue by rounds
+(``mdd.record.rounds``: a doctor turn and the turns that answer it; a final doctor-only turn is a
+round without answer), so exchange i is the i-th round.
 
 With ``auto`` the rule is anchored at the first exchange where its precondition holds;
 precondition anchors are computed once per (dialogue, precondition) and shared by every rule
@@ -37,12 +38,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mdd.evaluate.rule_set import Condition, Rule, load_rules
+from mdd.record import rounds, speaker_of
 
 log = logging.getLogger(__name__)
 
-_DOCTOR = {"doctor", "bot", "assistant", "医生", "助手"}
-_PATIENT = {"patient", "user", "患者", "用户"}
-_COMPANION = {"companion", "家属", "陪同者"}
 
 
 # --- dialogues -----------------------------------------------------------------------------
@@ -93,23 +92,15 @@ class DialogueView:
         turns = rec.get("turns")
         if turns is None:
             raise ValueError(f"dialogue {did!r}: field 'turns' is missing")
-        exchanges: list[list] = []  # [doctor, patient|None, companion|None]
-        for k, t in enumerate(list(turns)):
-            spk = str(t.get("speaker", "")).strip().lower()
-            text = str(t.get("text") or "")
-            if spk in _DOCTOR:
-                exchanges.append([text, None, None])
-                continue
-            slot = 1 if spk in _PATIENT else 2 if spk in _COMPANION else None
-            if slot is None:
+        turns = list(turns)
+        for k, t in enumerate(turns):
+            if speaker_of(t.get("speaker", "")) is None:
                 raise ValueError(f"dialogue {did!r}: turn {k} has unknown speaker {t.get('speaker')!r}")
-            if not exchanges:
-                exchanges.append(["", None, None])  # the patient (or companion) spoke first
-            ex = exchanges[-1]
-            ex[slot] = text if ex[slot] is None else ex[slot] + "\n" + text  # two turns in a row
         return cls(
             dialogue_id=did,
-            exchanges=tuple(Exchange(i, d, p, c) for i, (d, p, c) in enumerate(exchanges)),
+            exchanges=tuple(Exchange(i, str(r.doctor.get("text") or "") if r.doctor is not None else "",
+                                     r.text("patient"), r.text("companion"))
+                            for i, r in enumerate(rounds(turns))),
             age=rec.get("age"),
             age_range=rec.get("age_range"),
             gender=rec.get("gender"),

@@ -5,7 +5,7 @@ The stage's scoring actors and the validity self-check (``mdd/evaluate/validity.
 holds whole dialogues: the relevance signal compares each answer with the other questions of
 its dialogue and with the other dialogues of the batch.
 
-    dialogues ─ exchanges_of ─▶ (question, answer) pairs
+    dialogues ─ mdd.record.exchanges ─▶ (question, answer) pairs
               ─ relevance.signals (IDF n-grams learnt from the run; optionally the embedder's
                  vectors too) ─▶ relevance (α) and the seed's relevance_rank
               (the embedder itself embeds the high-quality pairs for the index, in the stage)
@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from mdd.record import exchanges
 from mdd.schema import METRICS
 
 DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "age_range", "gender",
@@ -40,23 +41,6 @@ EXCHANGE_SCHEMA = pa.schema(
 )
 
 
-ANSWERERS = ("patient", "companion")
-
-
-def _pairs(turns: list[dict] | None) -> list[tuple[dict, dict]]:
-    """(doctor turn, answer turn) of each doctor turn answered by the patient or by the companion in
-    the room (a companion's interjection after a patient answer is no exchange)."""
-    turns = turns or []
-    return [(a, b) for a, b in zip(turns, turns[1:])
-            if a and b and a.get("speaker") == "doctor" and b.get("speaker") in ANSWERERS]
-
-
-def exchanges_of(turns: list[dict] | None) -> list[tuple[int, str | None, str, str]]:
-    """(exchange index, topic, question, answer) of each exchange."""
-    return [(i, a.get("topic") or b.get("topic"), a.get("text") or "", b.get("text") or "")
-            for i, (a, b) in enumerate(_pairs(turns))]
-
-
 def explode(batch: pa.Table, record_facts: Any = None) -> tuple[pa.Table, dict[str, list]]:
     """Dialogues → one row per exchange (EXCHANGE_SCHEMA), plus per-row side lists
     (``grounding``, ``experience``, ``treatment``, and ``guards``: the turn guards the exchange's
@@ -72,20 +56,19 @@ def explode(batch: pa.Table, record_facts: Any = None) -> tuple[pa.Table, dict[s
         turns = get["turns"][i] or []
         facts = record_facts(get["case_id"][i]) if record_facts is not None else None
         failed = G.check_dialogue(turns, facts, G.is_thought_topic).failures
-        at = {id(t): k for k, t in enumerate(turns)}
-        for turn, (ask, answer_turn) in enumerate(_pairs(turns)):
-            side["guards"].append([f"{sp}:{f.guard}" for sp, t in (("doctor", ask), ("answer", answer_turn))
-                                   for f in failed.get(at[id(t)], ())])
+        for ex in exchanges(turns):
+            side["guards"].append([f"{sp}:{f.guard}" for sp, k in (("doctor", ex.position), ("answer", ex.answer_position))
+                                   for f in failed.get(k, ())])
             cols["dialogue_id"].append(get["dialogue_id"][i])
             cols["case_id"].append(get["case_id"][i])
-            cols["turn"].append(turn)
-            cols["topic"].append(ask.get("topic") or answer_turn.get("topic"))
-            cols["question"].append(ask.get("text") or "")
-            cols["answer"].append(answer_turn.get("text") or "")
+            cols["turn"].append(ex.index)
+            cols["topic"].append(ex.topic)
+            cols["question"].append(ex.question_text)
+            cols["answer"].append(ex.answer_text)
             cols["diagnosis"].append(get["diagnosis"][i])
             cols["icd_code"].append(get["icd_code"][i])
             cols["persona"].append(get["doctor_persona"][i])
-            side["grounding"].append(answer_turn.get("grounding"))
+            side["grounding"].append(ex.answer.get("grounding"))
             side["experience"].append(get["experience"][i])
             side["treatment"].append(get["treatment"][i])
     return pa.Table.from_pydict(cols, schema=EXCHANGE_SCHEMA), side

@@ -26,8 +26,7 @@ import pyarrow.compute as pc
 from mdd.evaluate import aggregate, incremental, streaming
 from mdd.evaluate.coverage import format_coverage
 from mdd.evaluate.rule_set import checklist_item
-from mdd.evaluate.scoring import (  # noqa: F401 (ANSWERERS, exchanges_of: re-exported for readers of the stage)
-    ANSWERERS, DIALOGUE_COLUMNS, exchanges_of, load_records)
+from mdd.evaluate.scoring import DIALOGUE_COLUMNS, load_records
 from mdd.evaluate.validity import format_validity
 from mdd.storage import SYNTH, Store, describe_error, dialogue_shards, open_store
 

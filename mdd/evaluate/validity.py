@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
+from mdd.record import exchanges
 from mdd.schema import METRICS, VALIDITY
 
 log = logging.getLogger("mdd.evaluate")
@@ -80,10 +81,7 @@ def sample_ids(dialogue_ids: Sequence[str], n: int) -> list[str]:
 
 def _patient_slots(turns: list[dict]) -> list[int]:
     """Indices of the turns that answer a doctor turn (the scored exchanges)."""
-    from mdd.evaluate.scoring import ANSWERERS
-
-    return [i + 1 for i, (a, b) in enumerate(zip(turns, turns[1:]))
-            if a and b and a.get("speaker") == "doctor" and b.get("speaker") in ANSWERERS]
+    return [e.answer_position for e in exchanges(turns)]
 
 
 def make_controls(dialogues: list[dict], recipe: str, seed: int = 0, lexicon: str | None = None) -> list[dict]:

@@ -17,12 +17,14 @@ from typing import Any
 
 import yaml
 
+from mdd.errors import MddError
+
 HERE = Path(__file__).resolve().parent
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the trees load 10x faster
 GENDER_KEY = {"女": "female", "男": "male"}
 
 
-class KnowledgeError(ValueError):
+class KnowledgeError(MddError, ValueError):
     pass
 
 

@@ -27,12 +27,14 @@ from typing import Any, Callable
 
 import yaml
 
+from mdd.errors import MddError
+
 CACHE_ENV = "MDD_MODEL_CACHE"
 MARKER = "mdd-model.json"
 HERE = Path(__file__).resolve().parent
 
 
-class ModelError(RuntimeError):
+class ModelError(MddError, RuntimeError):
     """A model that cannot be fetched or found: the message is one line naming what and the fix."""
 
 

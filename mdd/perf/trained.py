@@ -19,8 +19,7 @@ import pyarrow.parquet as pq
 
 from mdd import knowledge
 from mdd.dialogue import guards as G
-
-ANSWERERS = ("patient", "companion")
+from mdd.record import ANSWERERS, count_exchanges
 
 
 def _spread(xs: list[float]) -> dict[str, float] | None:
@@ -55,7 +54,7 @@ def figures(run: Path, one_in_flight: Path | None = None) -> dict[str, Any]:
     exchanges, lengths, closing_ok, recheck, spoken, echo10 = [], {"doctor": [], "patient": []}, 0, 0, 0, 0
     for r in rows:
         turns = r["turns"]
-        exchanges.append(sum(1 for t in turns if t["speaker"] in ANSWERERS and t.get("topic") != "诊断结果"))
+        exchanges.append(count_exchanges(turns))
         for t in turns:
             if t["speaker"] in lengths:
                 lengths[t["speaker"]].append(len(t["text"]))

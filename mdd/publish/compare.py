@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from mdd.evaluate.stage import ANSWERERS
+from mdd.record import count_exchanges, rounds
 
 SPEAKERS = ("doctor", "patient", "companion")
 SHORT, LONG = 20, 150
@@ -49,23 +49,18 @@ _PUNCT = re.compile(r"[\s，。！？、；：,.!?;:…“”‘’\"'（）()�
 
 
 def speaker_turns(dialogue: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(speaker, text) of the turns that count: the doctor's questions (a doctor turn an answer
-    follows: not the closing diagnosis), every patient and companion turn."""
-    turns = [t for t in dialogue.get("turns") or [] if t and t.get("speaker")]
+    """(speaker, text) of the turns that count: the doctor's questions (a doctor turn that opens an
+    exchange: not the closing diagnosis), every patient and companion turn."""
     out = []
-    for i, t in enumerate(turns):
-        spk, text = str(t["speaker"]), str(t.get("text") or "")
-        if spk == "doctor":
-            nxt = turns[i + 1]["speaker"] if i + 1 < len(turns) else None
-            if nxt not in ANSWERERS:
-                continue
-        out.append((spk, text))
+    for r in rounds(dialogue.get("turns")):
+        if r.answered:
+            out.append(("doctor", str(r.doctor.get("text") or "")))
+        out += [(str(t["speaker"]), str(t.get("text") or "")) for _, t in r.replies]
     return out
 
 
 def exchanges(dialogue: Mapping[str, Any]) -> int:
-    turns = [t for t in dialogue.get("turns") or [] if t]
-    return sum(1 for a, b in zip(turns, turns[1:]) if a.get("speaker") == "doctor" and b.get("speaker") in ANSWERERS)
+    return count_exchanges(dialogue.get("turns"))
 
 
 def describe(values: Sequence[float]) -> dict[str, Any]:

@@ -13,8 +13,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from mdd.errors import MddError
 from mdd import knowledge
 from mdd.publish.run_data import RunData
+from mdd.record import exchanges
 from mdd.schema import SFT_ROW, SHAREGPT_ROW
 from mdd.storage import Store
 
@@ -41,7 +43,7 @@ CARD_TEXT = (
 )
 
 
-class ExportError(ValueError):
+class ExportError(MddError, ValueError):
     pass
 
 
@@ -106,12 +108,9 @@ def to_messages(turns: list[dict], *, weights: dict[int, int] | None = None, rel
 
 
 def _exchange_positions(turns: list[dict]) -> list[int]:
-    """Positions of the doctor turns that open an exchange, in exchange order (the evaluation's rule,
-    ``mdd.evaluate.stage.exchanges_of``): eval/turns' ``turn`` k is the k-th of them."""
-    from mdd.evaluate.stage import ANSWERERS
-
-    return [i for i, (a, b) in enumerate(zip(turns, turns[1:]))
-            if a and b and a.get("speaker") == "doctor" and b.get("speaker") in ANSWERERS]
+    """Positions of the doctor turns that open an exchange, in exchange order (``mdd.record.exchanges``):
+    eval/turns' ``turn`` k is the k-th of them."""
+    return [e.position for e in exchanges(turns)]
 
 
 def _relation(value: Any) -> str | None:

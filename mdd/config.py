@@ -69,11 +69,20 @@ class VLLMOptions(_Frozen):
     cpu_threads_min_batch: int = Field(16, ge=1, description="requests in flight that switch to cpu_threads; "
                                        "back to one thread at half of it")
     extra: dict[str, Any] = Field(default_factory=dict, description="passed to AsyncEngineArgs as is")
-    hosted: Literal["scripted"] | None = Field(None, description="host this in-process engine in each engine "
-                                               "actor instead of vLLM: the same placement (one actor per GPU), "
-                                               "routing and failure handling, no model (a cluster dry run)")
+    hosted: str | None = Field(None, description="host this in-process engine (one that reads no options, e.g. "
+                               "scripted) in each engine actor instead of vLLM: the same placement (one actor per "
+                               "GPU), routing and failure handling, no model (a cluster dry run)")
     startup_timeout_s: float = Field(900.0, gt=0, description="wait this long for the engines to be ready")
     stats_refresh_s: float = Field(5.0, gt=0, description="how often a pool client refreshes engine load")
+
+    @field_validator("hosted")
+    @classmethod
+    def _hostable(cls, v: str | None) -> str | None:
+        if v is not None:
+            hostable = sorted(n for n, e in _engines().items() if e.options is None)
+            if v not in hostable:
+                raise ValueError(f"unknown engine {v!r} to host; engines that read no options: {', '.join(hostable)}")
+        return v
 
     @model_validator(mode="after")
     def _kv_tokens_need_blocks(self) -> "VLLMOptions":
@@ -96,11 +105,28 @@ class OpenAIOptions(_Frozen):
     max_backoff_s: float = Field(30.0, ge=0, description="cap on one backoff sleep")
 
 
+def _engines() -> dict[str, Any]:
+    """The registered engines (imports the built-in ones: ``mdd/providers.py``)."""
+    from mdd.providers import load_engines
+
+    return load_engines()
+
+
 class EngineConfig(_Frozen):
-    name: Literal["scripted", "vllm", "openai"] = "scripted"
+    """``name``: a registered engine (``mdd/providers.py``); each reads its options under its name."""
+
+    name: str = Field("scripted", validate_default=True)
     model: str = "scripted"
     vllm: VLLMOptions = VLLMOptions()
     openai: OpenAIOptions = OpenAIOptions()
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        known = _engines()
+        if v not in known:
+            raise ValueError(f"unknown engine {v!r}; known: {', '.join(sorted(known))}")
+        return v
 
 
 class SamplingConfig(_Frozen):
@@ -379,7 +405,7 @@ class PrivacyConfig(_Frozen):
 
 class Config(_Frozen):
     run_name: str = "local"
-    engine: EngineConfig = EngineConfig()
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     engines: dict[str, EngineConfig] | None = Field(
         None, description="named engines, each launched once (instead of engine:); roles: says which plays what")
     roles: dict[str, Any] | None = Field(

@@ -58,7 +58,8 @@ PROMPT_MODULES = ("dialogue/prompts.py", "dialogue/patient.py", "dialogue/lay.py
 
 # modules moved since fingerprints began, new name -> former name (as module and as path): the hashes
 # read a mention of the new name as the former one
-MOVED = {"mdd.record.speech": "mdd.evaluate.speech"}
+MOVED = {"mdd.record.speech": "mdd.evaluate.speech", "mdd.dialogue.dryrun.engine": "mdd.engines.scripted",
+         "mdd.dialogue.dryrun.speech": "mdd.engines.scripted_speech"}
 
 
 def _as_before(data: bytes) -> bytes:

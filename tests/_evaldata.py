@@ -29,7 +29,7 @@ def synthesize_scripted(out: Path, n_cases: int = 6, variants: int = 2) -> pa.Ta
     from mdd.config import DialogueConfig
     from mdd.synthesize.run import write_cases
     from mdd.synthesize.worker import DialogueWorker
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
     from mdd.schema import DIALOGUE
     from mdd.storage import open_store
 

@@ -102,7 +102,7 @@ def sample_run():
     from mdd.config import load_config
     from mdd.dialogue import ops
     from mdd.dialogue.loop import run_dialogue
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
 
     cfg = load_config(REPO / "configs" / "local.yaml")
     cases, _ = load_cases(REPO / cfg.synth.cases)

@@ -408,7 +408,7 @@ def test_engine_writer_sends_the_prompt_repairs_with_the_failed_rules_and_reject
 
 def test_engine_writer_on_the_scripted_engine_and_the_command(tmp_path):
     from mdd.cases.write import EngineCaseWriter
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
 
     a = synthesize_cases(40, "mdd5k", tmp_path / "a", seed=4, writer=EngineCaseWriter(ScriptedEngine()))
     b = synthesize_cases(40, "mdd5k", tmp_path / "b", seed=4)

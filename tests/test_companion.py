@@ -137,7 +137,7 @@ from mdd.dialogue import ops
 from mdd.dialogue.companion import CompanionRole, choose_companion
 from mdd.dialogue.loop import run_dialogue
 from mdd.engines.base import Message
-from mdd.engines.scripted import ScriptedEngine
+from mdd.dialogue.dryrun.engine import ScriptedEngine
 from mdd.record.speech import leak_pattern
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from mdd.config import DialogueConfig, LayoutConfig
 from mdd.dialogue import ops
 from mdd.dialogue.loop import run_dialogue
 from mdd.engines.base import Completion, EngineBase, Message, Request
-from mdd.engines.scripted import ScriptedEngine
+from mdd.dialogue.dryrun.engine import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 PA20 = ROOT.parent / "shared" / "mdd5k" / "cases" / "pa20.json"

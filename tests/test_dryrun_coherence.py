@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from mdd.dialogue.lay import clip, lay, split_clauses
 from mdd.evaluate.gates import gate_spec
-from mdd.engines.scripted_speech import negated
+from mdd.dialogue.dryrun.speech import negated
 
 PAIRS = ("“”", "‘’", "（）", "()", "「」", "《》", "【】", "[]")
 _CLAUSE = re.compile(r"[，,。；;！!？?…\n]+")

@@ -125,7 +125,7 @@ def test_doctor_prompts_extend_each_other_with_exemplars_in_the_history(index_di
     from mdd.cases import load_cases
     from mdd.dialogue import ops
     from mdd.dialogue.loop import run_dialogue
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
 
     class Recording(ScriptedEngine):
         def __init__(self):
@@ -157,7 +157,7 @@ def test_doctor_prompts_extend_each_other_with_exemplars_in_the_history(index_di
 
 
 def test_comparison_reports_with_and_without(ray_session, tmp_path):
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
     from mdd.perf.exemplars import exemplar_comparison
 
     cfg = load_config(ROOT / "configs" / "local.yaml", {"synth.num_workers": 1})

@@ -15,7 +15,7 @@ from mdd.dialogue import guards as G
 from mdd.dialogue import ops
 from mdd.dialogue.loop import GuardFailure, run_dialogue
 from mdd.engines.base import Completion, Request
-from mdd.engines.scripted import ScriptedEngine
+from mdd.dialogue.dryrun.engine import ScriptedEngine
 from mdd.cases import case_fields
 from mdd.mdd5k import read_mdd5k
 

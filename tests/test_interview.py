@@ -18,7 +18,7 @@ from mdd.config import DialogueConfig, InterviewConfig, load_config
 from mdd.dialogue import ops
 from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.loop import run_dialogue
-from mdd.engines.scripted import ScriptedEngine
+from mdd.dialogue.dryrun.engine import ScriptedEngine
 from mdd.evaluate.rule_set import checklist_item, load_rules
 from mdd.evaluate.rules import evaluate_rules
 from mdd.tree import all_topics, attached_modules, build_tree, parse_node

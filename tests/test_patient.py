@@ -15,7 +15,7 @@ from mdd.dialogue.loop import run_dialogue
 from mdd.dialogue.patient import (PatientRole, budget_factor, choose_style, evasive, is_yes_no, style_book,
                                   style_weights)
 from mdd.engines.base import Completion, EngineBase, Request
-from mdd.engines.scripted import ScriptedEngine
+from mdd.dialogue.dryrun.engine import ScriptedEngine
 from mdd.record.speech import leak_pattern, length_stats
 from mdd.tree import build_tree, rand_visit
 from mdd.dialogue.prompts import LENGTHS

@@ -37,7 +37,7 @@ def test_busy_seconds_is_the_union_of_spans():
 def test_router_calls_reach_their_engine_and_are_charged_to_their_roles(vllm_engine, tiny_model_dir, ray_session):
     from mdd.cases import load_cases
     from mdd.engines.router import RoleRouter
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
     from mdd.perf.phases import items_for
 
     cfg = load_config(REPO / "configs" / "local-roles.yaml", {

@@ -109,3 +109,15 @@ def test_a_moved_module_is_hashed_under_its_former_name():
     after = b"from mdd.record.speech import leak_pattern  # see mdd/record/speech.py\n"
     assert provenance._as_before(after) == before
     assert provenance._as_before(b"from mdd.record import Turn") == b"from mdd.record import Turn"
+
+
+def test_the_dry_run_writer_moved_into_the_dialogue_room_keeps_the_knowledge_hash():
+    """styles.yaml and doctor_wording.yaml name the dry-run writer by its new place; they hash as they did
+    when it was mdd/engines/scripted{,_speech}.py (the main job's shards stay byte-identical)."""
+    from mdd import provenance
+
+    assert provenance._as_before(b"(mdd/dialogue/dryrun/speech.py; mdd/dialogue/dryrun/engine.py)") == \
+        b"(mdd/engines/scripted_speech.py; mdd/engines/scripted.py)"
+    for f in ("styles.yaml", "doctor_wording.yaml"):
+        text = (Path(provenance.__file__).parent / "knowledge" / f).read_bytes()
+        assert b"mdd/dialogue/dryrun/" in text and b"mdd/engines/scripted" not in text

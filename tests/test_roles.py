@@ -79,7 +79,7 @@ async def test_router_sends_each_role_to_its_engine_recorded_at_the_engine():
     from mdd.cases import load_cases
     from mdd.synthesize.worker import DialogueWorker
     from mdd.engines.router import RoleRouter
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
 
     big, small = ScriptedEngine("scripted-big"), ScriptedEngine("scripted-small")
     rm = RoleMap.build({"doctor": "big", "default": "small"}, TWO, SYNTH_ROLES)
@@ -171,7 +171,7 @@ async def test_doctor_on_real_vllm_patient_and_tool_on_scripted(vllm_engine):
     from mdd.cases import load_cases
     from mdd.synthesize.worker import DialogueWorker
     from mdd.engines.router import RoleRouter
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
 
     engines = {"big": vllm_engine, "small": ScriptedEngine("scripted-small")}
     rm = RoleMap.build({"doctor": "big", "default": "small"}, engines, SYNTH_ROLES)

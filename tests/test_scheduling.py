@@ -38,7 +38,7 @@ def test_the_planned_length_is_the_one_the_dialogue_draws_and_predicts_its_lengt
     from mdd.dialogue import ops
     from mdd.dialogue.loop import Dialogue
     from mdd.dialogue.setting import plan_dialogue, setting
-    from mdd.engines.scripted import ScriptedEngine
+    from mdd.dialogue.dryrun.engine import ScriptedEngine
 
     cfg = load_config(REPO / "configs" / "local.yaml")
     cases, _ = load_cases(REPO / "data" / "cases")

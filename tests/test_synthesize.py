@@ -15,7 +15,7 @@ import pytest
 from mdd.config import load_config
 from mdd.synthesize.run import run_synthesis
 from mdd.engines.base import Completion, Request
-from mdd.engines.scripted import ScriptedEngine
+from mdd.dialogue.dryrun.engine import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 PA20 = ROOT.parent / "shared" / "mdd5k" / "cases" / "pa20.json"

@@ -7,7 +7,7 @@ from mdd.cases import load_cases
 from mdd.config import DialogueConfig
 from mdd.dialogue import ops, wording
 from mdd.dialogue.loop import run_dialogue
-from mdd.engines.scripted import ScriptedEngine
+from mdd.dialogue.dryrun.engine import ScriptedEngine
 from mdd.record.speech import SpeechTally, opener
 
 ROOT = Path(__file__).resolve().parents[1]

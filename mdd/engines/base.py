@@ -1,14 +1,15 @@
 """The one engine interface every backend implements.
 
 An engine takes role-tagged chat messages plus sampling parameters and returns text with
-token counts. Backends are looked up by a config string (``scripted``, ``vllm``, ``openai``)
-and import their heavy dependencies lazily, so the scripted dry run never imports vLLM.
+token counts. A backend registers itself under the name a config gives it
+(``@register_engine("vllm", options=VLLMOptions)``); the modules that do are listed in
+``mdd/providers.py``, which the config loads when it checks ``engine.name``. Backends import their
+heavy dependencies lazily, so the scripted dry run never imports vLLM.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 from mdd.errors import MddError
 
@@ -84,7 +85,8 @@ class EngineError(MddError, RuntimeError):
 class EngineRequestError(ValueError):
     """A request the engine refuses for good (bad request, unknown model): retrying cannot help.
 
-    ``retriable = False`` tells the driver to record the dialogue as failed after one attempt."""
+    An engine's :meth:`EngineBase.should_retry` says no to it, so the driver records the dialogue as
+    failed after one attempt."""
 
     retriable = False
 
@@ -111,20 +113,43 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-_REGISTRY: dict[str, str] = {
-    "scripted": "mdd.engines.scripted:ScriptedEngine",
-    "vllm": "mdd.engines.vllm:VLLMPoolEngine",
-    "openai": "mdd.engines.openai_engine:OpenAIEngine",
-}
+@dataclass(frozen=True, slots=True)
+class EngineEntry:
+    """A registered engine: its class, and the class of the options it reads from the engine's config
+    (under the engine's name: ``engine.vllm``); ``None``: it needs the model name alone (and so can be
+    hosted in the pool's actors, ``engine.vllm.hosted``)."""
+
+    cls: type
+    options: type | None = None
+
+
+_ENGINES: dict[str, EngineEntry] = {}
+
+
+def register_engine(name: str, *, options: type | None = None) -> Callable[[type], type]:
+    """Class decorator: the engine a config names ``name`` (``engine.name``), reading ``options``."""
+
+    def register(cls: type) -> type:
+        old = _ENGINES.get(name)
+        if old is not None and old.cls.__qualname__ != cls.__qualname__:
+            raise ValueError(f"engine {name!r}: registered twice ({old.cls.__qualname__}, {cls.__qualname__})")
+        _ENGINES[name] = EngineEntry(cls, options)
+        return cls
+
+    return register
+
+
+def registered_engines() -> dict[str, EngineEntry]:
+    """The engines registered in this process (``mdd.providers.load_engines`` imports the built-in ones)."""
+    return dict(_ENGINES)
 
 
 def engine_class(name: str) -> type:
     """Resolve an engine name (the part of the config string before ``/``) to its class."""
     key = name.split("/", 1)[0].strip().lower()
-    if key not in _REGISTRY:
-        raise ValueError(f"engine: unknown engine {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    module, _, attr = _REGISTRY[key].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    if key not in _ENGINES:
+        raise ValueError(f"engine: unknown engine {name!r}; known: {', '.join(sorted(_ENGINES)) or '(none loaded)'}")
+    return _ENGINES[key].cls
 
 
 class EngineBase:
@@ -150,6 +175,12 @@ class EngineBase:
 
     async def generate(self, request: Request) -> Completion:
         raise NotImplementedError
+
+    def should_retry(self, exc: BaseException) -> bool:
+        """Whether a dialogue that failed with ``exc`` while this engine served it is worth running again
+        from its start: yes, unless the engine refused a request for good (:class:`EngineRequestError`).
+        An :class:`EngineError` (the engine down or unreachable) is also retried after a backoff."""
+        return not isinstance(exc, EngineRequestError)
 
     async def close(self) -> None:
         return None

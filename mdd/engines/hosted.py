@@ -1,4 +1,4 @@
-"""An in-process engine (e.g. ``scripted``) hosted in the vLLM pool's engine actors.
+"""An in-process engine (e.g. ``scripted``) hosted in the actor pool's engine actors.
 
 ``engine.vllm.hosted: scripted`` keeps everything of a ``vllm`` run but the model: one engine actor
 per GPU (``num_gpus_per_engine``, the same placement), the pool's sticky least-loaded routing and
@@ -16,16 +16,17 @@ from typing import Any
 import ray
 
 from mdd.engines.base import Request, engine_class
-from mdd.engines.vllm.pool import VLLMPoolEngine
+from mdd.engines.pool import ActorPoolEngine
 
 
 @ray.remote
 class HostedEngineActor:
-    """The pool's actor interface around an in-process engine."""
+    """The pool's actor interface around an in-process engine (``opts["hosted_class"]``, resolved by the
+    driver: this process has imported no engine but the class's own module)."""
 
     def __init__(self, model: str, opts: dict[str, Any], index: int = 0) -> None:
         self.index = index
-        self.engine = engine_class(opts["hosted"]).launch(SimpleNamespace(model=model))
+        self.engine = opts["hosted_class"].launch(SimpleNamespace(model=model))
         self.node = ray.get_runtime_context().get_node_id()
         self.in_flight = self.requests = self.prompt_tokens = self.output_tokens = 0
 
@@ -58,12 +59,16 @@ class HostedEngineActor:
         self.engine.shutdown()
 
 
-class HostedPoolEngine(VLLMPoolEngine):
-    """The vLLM pool over :class:`HostedEngineActor` s; its rows name the hosted engine."""
+class HostedPoolEngine(ActorPoolEngine):
+    """The actor pool over :class:`HostedEngineActor` s, placed as the vLLM pool's (``cfg.vllm``); its
+    rows name the hosted engine, its errors read as the vLLM pool's."""
+
+    name = "vllm"
+    label = "vllm"
 
     @classmethod
     def launch(cls, cfg: Any, actor_cls: Any = None) -> "HostedPoolEngine":
-        pool = super().launch(cfg, actor_cls or HostedEngineActor)
+        pool = cls.start(cfg, actor_cls or HostedEngineActor, {"hosted_class": engine_class(cfg.vllm.hosted)})
         pool.name, pool.model = pool.launch_info[0]["engine"], pool.launch_info[0]["model"]
         return pool
 

@@ -26,7 +26,8 @@ import random
 import time
 from typing import Any
 
-from mdd.engines.base import Completion, EngineBase, EngineError, EngineRequestError, Request
+from mdd.config import OpenAIOptions
+from mdd.engines.base import Completion, EngineBase, EngineError, EngineRequestError, Request, register_engine
 
 RETRY_STATUS = {408, 409, 429}  # and every 5xx
 
@@ -44,6 +45,7 @@ class OpenAIRequestError(EngineRequestError):
         self.body = body
 
 
+@register_engine("openai", options=OpenAIOptions)
 class OpenAIEngine(EngineBase):
     name = "openai"
 

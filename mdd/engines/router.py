@@ -50,6 +50,10 @@ class RoleRouter(EngineBase):
     async def generate(self, request: Request) -> Completion:
         return await self.engine_for(role_of(request.agent), request.session).generate(request)
 
+    def should_retry(self, exc: BaseException) -> bool:
+        """Retried when every named engine would retry it (the one that raised is not known here)."""
+        return all(e.should_retry(exc) for e in self.engines.values())
+
     def models_for(self, session: str, roles: Any) -> dict[str, str]:
         return {r: self.engine_for(r, session).model for r in roles}
 

@@ -126,12 +126,13 @@ def fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[
                 try:
                     res = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:  # the worker process died: replace it
-                    res = {"ok": False, "retriable": True, "error": f"worker died: {exc}"}
+                    res = {"ok": False, "retriable": True, "backoff": True, "error": f"worker died: {exc}"}
                     if workers[k] is handle:
                         log.warning("dialogue worker %d died; starting a new one", k)
                         workers[k] = new_worker()
                 except ray.exceptions.RayError as exc:
-                    res = {"ok": False, "retriable": True, "error": f"worker: {type(exc).__name__}: {exc}"}
+                    res = {"ok": False, "retriable": True, "backoff": True,
+                           "error": f"worker: {type(exc).__name__}: {exc}"}
                 if res["ok"]:
                     stats.add(res)
                     settle(it, res["row"], None)
@@ -139,7 +140,7 @@ def fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[
                     stats.retries += 1
                     n = attempts[it.dialogue_id]
                     # an engine (or worker) failure: give it time to restart before the retry
-                    wait = sc.retry_backoff_s * 2 ** (n - 1) if res["error"].startswith(("engine", "worker")) else 0.0
+                    wait = sc.retry_backoff_s * 2 ** (n - 1) if res.get("backoff") else 0.0
                     log.warning("retrying %s in %.0f s (attempt %d): %s", it.dialogue_id, wait, n + 1,
                                 privacy.mask(res["error"].splitlines()[0]))
                     heapq.heappush(delayed, (time.monotonic() + wait, next(tiebreak), it))

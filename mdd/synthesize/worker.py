@@ -33,15 +33,15 @@ class DialogueWorker:
             row, acct = await run_dialogue(case, variant, self.run_seed, self.engine, self.cfg, persona, triple,
                                            self.exemplars)
             finished = True
-        except EngineError as exc:
-            return {"ok": False, "retriable": True, "error": f"engine: {exc}"}
+        except EngineError as exc:  # the engine down or unreachable: retried after a backoff (``backoff``)
+            return {"ok": False, "retriable": self.engine.should_retry(exc), "backoff": True, "error": f"engine: {exc}"}
         except GuardFailure as exc:  # a turn that failed its guards after every regeneration: counted, not retried
             return {"ok": False, "retriable": False, "error": f"guard: {exc}",
                     "guard_failure": {"speaker": exc.speaker, "guards": exc.guards, "events": exc.events,
                                       "generated": exc.generated}}
         except Exception as exc:  # a per-dialogue failure: recorded, never fatal for the run
-            # retried from the start unless the exception says retrying cannot help (a 4xx request error)
-            return {"ok": False, "retriable": getattr(exc, "retriable", True),
+            # retried from the start unless the engine says retrying cannot help (a 4xx request error)
+            return {"ok": False, "retriable": self.engine.should_retry(exc), "backoff": False,
                     "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
         finally:  # the engine frees what it kept for the dialogue (its admission room)
             await self.engine.close_session(ops.dialogue_id(case_id, variant), finished)

@@ -1,6 +1,6 @@
 """vLLM engines in Ray actors: ``actor`` (one AsyncLLM per actor and its helpers), ``pool`` (the
-client the dialogue workers call: sticky least-loaded routing, dead-actor handling),
-``worker_ext`` (methods mixed into vLLM's worker)."""
+client the dialogue workers call: the generic actor pool of :mod:`mdd.engines.pool` over vLLM's
+actors), ``admission`` (KV-aware admission), ``worker_ext`` (methods mixed into vLLM's worker)."""
 from mdd.engines.vllm.actor import (
     EngineActor,
     EngineDeadError,

@@ -1,7 +1,7 @@
 """The vLLM engine actor: one vLLM v1 ``AsyncLLM`` hosted in a Ray actor, and its helpers.
 
 * :class:`EngineActor` runs one engine (one GPU, or the front end of a tensor-parallel group;
-  :mod:`mdd.engines.vllm.pool` places it) and serves many calls at once.
+  :mod:`mdd.engines.pool` places it) and serves many calls at once.
 * :func:`sampling_to_dict` / :func:`build_sampling_params`: our ``Sampling`` as it crosses the
   Ray call, and as vLLM's ``SamplingParams`` inside the actor.
 * :func:`engine_args_kwargs`: the config's ``vllm`` options as ``AsyncEngineArgs``.

@@ -9,7 +9,8 @@ The fingerprint is a hash of the components that decide a dialogue's content:
   ``mdd/dialogue/prompts.py``, ``patient.py``, ``lay.py``);
 - ``knowledge``: a hash of every YAML file under ``mdd/knowledge/`` (trees, graphs, personas, ...);
   both hashes read a moved module under its former name (``MOVED``): moving code writes no new prompt,
-  so it neither changes the fingerprint nor stops a resume;
+  so it neither changes the fingerprint nor stops a resume; the dry-run engine's script in the knowledge
+  (``DRY_RUN_SCRIPT``) is left out, like its code;
 - ``privacy``: ``privacy.case_ids`` and an id of the id-hash key (never the key): another key gives
   other case ids.
 
@@ -62,11 +63,40 @@ MOVED = {"mdd.record.speech": "mdd.evaluate.speech", "mdd.dialogue.dryrun.engine
          "mdd.dialogue.dryrun.speech": "mdd.engines.scripted_speech"}
 
 
+# the dry-run engine's own script kept in the knowledge files, (file, top-level key, key): how each speech
+# style shapes a scripted answer was code of the engine until it became data. Like the engine's code (the
+# fingerprint names the engine, ``scripted``, not its code), it is left out of the knowledge hash, with
+# the comment lines right above it
+DRY_RUN_SCRIPT = (("styles.yaml", "scripted", "behaviour"),)
+
+
 def _as_before(data: bytes) -> bytes:
     for new, old in MOVED.items():
         for a, b in ((new, old), (new.replace(".", "/") + ".py", old.replace(".", "/") + ".py")):
             data = data.replace(a.encode(), b.encode())
     return data
+
+
+def _without_key(data: bytes, top: str, key: str) -> bytes:
+    """``data`` (a YAML file) without ``top.key`` (a two-space-indented key of the top-level ``top``), its
+    value's lines (up to the next key or a blank line) and the comment lines right above it."""
+    out: list[str] = []
+    in_top = skipping = False
+    for line in data.decode("utf-8").split("\n"):
+        if line and not line.startswith((" ", "#")):
+            in_top, skipping = line.startswith(f"{top}:"), False
+        elif in_top and line.startswith(f"  {key}:"):
+            while out and out[-1].startswith("  #"):
+                out.pop()
+            skipping = True
+            continue
+        elif skipping and (line.startswith("    ") or (line.startswith("  #") and not line.startswith("  # "))):
+            continue
+        elif skipping and (line.startswith("  ") or not line):  # the next key of ``top``, or a blank line
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "\n".join(out).encode("utf-8")
 
 
 def prompts_hash() -> str:
@@ -81,7 +111,11 @@ def knowledge_hash() -> str:
     h = hashlib.sha256()
     root = _PKG / "knowledge"
     for f in sorted(root.rglob("*.yaml")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + _as_before(f.read_bytes()) + b"\0")
+        rel, data = f.relative_to(root).as_posix(), _as_before(f.read_bytes())
+        for name, top, key in DRY_RUN_SCRIPT:
+            if rel == name:
+                data = _without_key(data, top, key)
+        h.update(rel.encode() + b"\0" + data + b"\0")
     return h.hexdigest()[:16]
 
 

@@ -121,3 +121,17 @@ def test_the_dry_run_writer_moved_into_the_dialogue_room_keeps_the_knowledge_has
     for f in ("styles.yaml", "doctor_wording.yaml"):
         text = (Path(provenance.__file__).parent / "knowledge" / f).read_bytes()
         assert b"mdd/dialogue/dryrun/" in text and b"mdd/engines/scripted" not in text
+
+
+def test_the_dry_run_script_is_not_in_the_knowledge_hash():
+    """styles.yaml's scripted.behaviour (the dry-run engine's answer shapes, code of the engine until it became
+    data) is left out of the knowledge hash like the engine's code; every other line still counts."""
+    from mdd import provenance
+
+    text = (b"styles:\n  terse: {budget: 8}\nscripted:\n  lead: {terse: []}\n  # shapes\n"
+            b"  behaviour:\n    terse: {deny_bare: true}\n")
+    stripped = provenance._without_key(text, "scripted", "behaviour")
+    assert stripped == b"styles:\n  terse: {budget: 8}\nscripted:\n  lead: {terse: []}\n"
+    other = text.replace(b"deny_bare: true", b"deny_bare: false")
+    assert provenance._without_key(other, "scripted", "behaviour") == stripped
+    assert provenance._without_key(text.replace(b"budget: 8", b"budget: 9"), "scripted", "behaviour") != stripped

@@ -1,8 +1,9 @@
 """The scripted engine's patient and companion speech: the dry run honours the speech styles.
 
 A patient answer is put together from the lay facts the patient role passes in the request context
-(never the record itself), shaped by the style (its lead-ins and tails from ``styles.yaml``), and
-fitted to the turn's budget in characters: a terse patient says a word or two, a rambling one goes
+(never the record itself), shaped by the style (its lead-ins and tails, and how it shapes an answer:
+``scripted.behaviour`` in ``styles.yaml``, read as a :class:`Behaviour`), and fitted to the turn's
+budget in characters: a terse patient says a word or two, a rambling one goes
 on past the question, a guarded one says 还好吧 until asked again.
 
 It is a deterministic stand-in, not a model, but it answers in kind and stays consistent: a denial
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from mdd.dialogue.companion import book as companion_book
 from mdd.dialogue.lay import split_clauses
 from mdd.dialogue.ops import triple_phrase
 from mdd.dialogue.patient import denies, style_book
+from mdd.knowledge import KnowledgeError
 
 _SPLIT = re.compile(r"([。；;，,\n！!？?]+)")
 _STRIP = " ，,。；;:：、"
@@ -32,6 +36,51 @@ _WH = re.compile(r"什么|怎么|多少|多久|哪|几")
 _POLAR = (("有没有", "没有"), ("会不会", "不会"), ("是不是", "不是"), ("能不能", "不能"), ("知不知道", "不知道"),
           ("需不需要", "不需要"), ("离不离得开", "离得开"), ("抽不抽", "不抽"), ("喝不喝", "不喝"), ("用没用过", "没用过"),
           ("害不害怕", "不害怕"), ("玩不玩", "不玩"), ("吃不吃", "不吃"))
+
+
+_SHAPES = ("plain", "body_first", "ramble", "tail_inside", "first_two", "first_only")
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How a style shapes a dry-run answer (``styles.yaml`` ``scripted.behaviour.<style>``, explained there)."""
+
+    deny_bare: bool = False
+    deny_adds: str = ""
+    trails_off: bool = False
+    agree_adds: bool = False
+    opening_tail: bool = False
+    blur_numbers: bool = False
+    yes_short: bool = False
+    shape: str = "plain"
+    tail_chance: float = 0.0
+
+
+@lru_cache(maxsize=None)
+def behaviour(style: str) -> Behaviour:
+    """The style's :class:`Behaviour` (plain for a style the table leaves out); a bad entry is a
+    ``KnowledgeError`` naming the style, the key and why."""
+    book = style_book()
+    table = book.scripted.get("behaviour") or {}
+    for sid, d in table.items():
+        where = f"styles.yaml scripted.behaviour.{sid}"
+        if sid not in book.styles:
+            raise KnowledgeError(f"{where}: no such style; styles: {', '.join(book.styles)}")
+        if not isinstance(d, dict):
+            raise KnowledgeError(f"{where}: expected a mapping of behaviour keys, got {type(d).__name__}")
+        known = {f.name: f for f in fields(Behaviour)}
+        for k, v in d.items():
+            if k not in known:
+                raise KnowledgeError(f"{where}.{k}: unknown key; known: {', '.join(known)}")
+            if type(v) is not type(known[k].default) and not (k == "tail_chance" and type(v) is int):
+                raise KnowledgeError(f"{where}.{k}: expected {type(known[k].default).__name__}, got {v!r}")
+        if d.get("shape", "plain") not in _SHAPES:
+            raise KnowledgeError(f"{where}.shape: {d['shape']!r} is none of {', '.join(_SHAPES)}")
+        if d.get("deny_adds") and not book.scripted.get(d["deny_adds"]):
+            raise KnowledgeError(f"{where}.deny_adds: {d['deny_adds']!r} names no phrase list of scripted:")
+        if not 0 <= d.get("tail_chance", 0) <= 1:
+            raise KnowledgeError(f"{where}.tail_chance: expected a chance in [0, 1], got {d['tail_chance']!r}")
+    return Behaviour(**table.get(style, {}))
 
 
 def clauses(text: str) -> list[str]:
@@ -93,17 +142,15 @@ def negated(what: str) -> str:
 def _denial(ctx: dict[str, Any], rng: random.Random, ph: dict[str, Any], style: str, budget: int) -> str:
     """No, naming what is denied when the budget leaves room; never followed by a complaint."""
     opener = _pick(rng, _styled(ph, "no", style), "没有").rstrip("。")
-    if style == "terse" or ctx.get("attempt"):  # asked again by a guard (it restated the question): just no
+    if behaviour(style).deny_bare or ctx.get("attempt"):  # asked again by a guard (it restated the question): just no
         return opener + ("" if opener.endswith(("。", "！", "…")) else "。")
     what = negated(ctx.get("what", ""))
     if not what and ctx.get("what") and not _WH.search(ctx["what"]):
         what = ph.get("no_topic", "{what}").format(what=ctx["what"].removesuffix("的情况"))
     said = ctx.get("said") or ""
     parts = [opener.rstrip("！!…。"), what]
-    if style == "rambling":
-        parts.append(_fresh(rng, ph.get("no_ramble"), said))
-    elif style == "irritable":
-        parts.append(_fresh(rng, ph.get("irritable_no"), said))
+    if behaviour(style).deny_adds:
+        parts.append(_fresh(rng, ph.get(behaviour(style).deny_adds), said))
     text = fit(parts, max(budget, len(opener) + 2))
     return text or opener + "。"
 
@@ -126,7 +173,7 @@ def _time_answer(ctx, rng, ph, style, facts, lead, budget) -> str:
         else list(ph.get("since_unknown") or ())
     again = [o.format(since=since or "一阵子") for o in ph.get("time_again") or ()]
     text = _fresh(rng, options, said) or _fresh(rng, again, said) or _pick(rng, again)
-    return (text or "有一阵子了").rstrip("。…") + ("……" if style == "tearful" else "。")
+    return (text or "有一阵子了").rstrip("。…") + ("……" if behaviour(style).trails_off else "。")
 
 
 def _agree(ctx, rng, ph, style, new, budget) -> str:
@@ -138,7 +185,7 @@ def _agree(ctx, rng, ph, style, new, budget) -> str:
         return fit_first([admit + (told[0] if told else "")], budget)
     options = [o.format(called=called) for o in _styled(ph, "agree", style)]
     text = _fresh(rng, options, ctx.get("said") or "") or "嗯，是有点。"
-    if new and style in ("cooperative", "rambling", "somatising") and len(text) + len(new[0]) < budget:
+    if new and behaviour(style).agree_adds and len(text) + len(new[0]) < budget:
         text = text.rstrip("。") + "，" + new[0] + "。"
     return text
 
@@ -187,6 +234,7 @@ def _mostly_said(text: str, said: str, n: int = 4) -> bool:
 def _answer(ctx: dict[str, Any], rng: random.Random) -> str:
     ph = style_book().scripted
     style = ctx.get("style") or "cooperative"
+    b = behaviour(style)
     budget = int(ctx.get("budget") or 80)
     lead = _pick(rng, (ph.get("lead") or {}).get(style))
     said = ctx.get("said") or ""
@@ -195,13 +243,13 @@ def _answer(ctx: dict[str, Any], rng: random.Random) -> str:
         facts = [c for c in clauses(ctx.get("facts", "")) if c not in said]
         body = [f"我主要是{ctx.get('complaint', '').rstrip('。')}"] + facts[1:4]
         return fit([lead + body[0]] + body[1:] + ([_fresh(rng, (ph.get("tail") or {}).get(style), said)]
-                                                  if style == "rambling" else []), budget) or \
+                                                  if b.opening_tail else []), budget) or \
             fit([ctx.get("complaint", "")], budget) or "就是心里难受。"
     if ctx.get("withhold"):
         return _pick(rng, ph.get("deny"), "还好吧。")
 
     facts = clauses(ctx.get("facts", ""))  # the role passes what bears on the topic
-    if style == "poor_recall":  # numbers blur (每晚好几毫克): compared with what was said as blurred
+    if b.blur_numbers:  # numbers blur (每晚好几毫克): compared with what was said as blurred
         facts = [re.sub(r"\d+", "好几", c) for c in facts]
     hit = [c for c in facts if c not in said]
     if ctx.get("affirmed") and hit and all(denies(c) for c in hit):
@@ -249,7 +297,7 @@ def _answer(ctx: dict[str, Any], rng: random.Random) -> str:
         # what the record says on the topic is a denial ("没有具体计划"): said as such, without a complaint
         return fit_first([lead + hit[0]] + hit[1:2], budget) if hit else \
             _denial(ctx, rng, ph, style, budget)
-    if ctx.get("yes_no") and hit and style in ("terse", "irritable", "guarded"):
+    if ctx.get("yes_no") and hit and b.yes_short:
         short = min(_affirmed_first(hit)[:1] + [c for c in hit if not denies(c)], key=len)
         yes = _pick(rng, ph.get("yes"), "有。").rstrip("。")
         return fit([yes, short], budget + 4) if len(short) <= budget + 2 else yes + "。"
@@ -259,27 +307,29 @@ def _answer(ctx: dict[str, Any], rng: random.Random) -> str:
         lead = "其实……" + lead
     if ctx.get("yes_no"):
         parts = [_pick(rng, ph.get("yes"), "有。").rstrip("。")] + parts[:1]
-    elif style == "somatising":
+    elif b.shape == "body_first":
         body = [c for c in clauses(ctx.get("body", "")) if c not in said and c not in parts]
         parts = body[:2] + parts
-    elif style == "rambling":
+    elif b.shape == "ramble":
         extra = [c for c in clauses(ctx.get("experience", "")) if c not in said and c not in parts]
         parts += rng.sample(extra, min(3, len(extra))) + clauses(_fresh(rng, (ph.get("tail") or {}).get(style), said))
-    elif style == "disorganised" and len(parts) > 1:
+    elif b.shape == "tail_inside" and len(parts) > 1:
         parts.insert(1, _fresh(rng, (ph.get("tail") or {}).get(style), said))
-    elif style == "poor_recall":
-        parts = [re.sub(r"\d+", "好几", p) for p in parts[:2]]
-    elif style == "terse":
+    elif b.shape == "first_two":
+        parts = parts[:2]
+        if b.blur_numbers:
+            parts = [re.sub(r"\d+", "好几", p) for p in parts]
+    elif b.shape == "first_only":
         parts = parts[:1]
     more = _fresh(rng, (ph.get("more") or {}).get(style), said)
     if more and not ctx.get("yes_no"):
         parts += clauses(more)
     parts[0] = lead + parts[0]
-    text = fit(parts, budget, "……" if style == "tearful" else "，")
+    text = fit(parts, budget, "……" if b.trails_off else "，")
     if not text:  # nothing fits the budget: a word or two
         text = _pick(rng, ph.get("yes"), "嗯。")
     tail = _fresh(rng, (ph.get("tail") or {}).get(style), said + text)
-    if style in ("tearful", "irritable") and tail and len(text) + len(tail) <= budget and rng.random() < 0.5:
+    if b.tail_chance and tail and len(text) + len(tail) <= budget and rng.random() < b.tail_chance:
         text += tail
     return text
 

@@ -220,13 +220,15 @@ class CompanionConfig(_Frozen):
     max_interjections: int = Field(3, ge=0)
 
 
+GUARDS = ("role", "echo", "loop", "leak", "truncation", "repeat", "language", "faithfulness")  # mdd/dialogue/guards.py
+
+
 class GuardConfig(_Frozen):
     """Turn guards at generation time (mdd/dialogue/guards.py, mdd/knowledge/guards.yaml): every generated
     turn is checked, a failing one regenerated with a new seed and a short corrective note; a turn that
     still fails ends the dialogue as a counted failure (failures.parquet), never as a clean row."""
 
-    enabled: tuple[str, ...] = Field(("role", "echo", "loop", "leak", "truncation", "repeat", "language",
-                                      "faithfulness"), description="the guards that run")
+    enabled: tuple[str, ...] = Field(GUARDS, description="the guards that run")
     max_regenerations: int = Field(3, ge=0, description="regenerations of one failing turn before the dialogue "
                                    "fails")
     story: bool = Field(True, description="guard the fictitious experience too (loop, leak, language, truncation, "
@@ -244,8 +246,6 @@ class GuardConfig(_Frozen):
     @field_validator("enabled")
     @classmethod
     def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from mdd.dialogue.guards import GUARDS
-
         unknown = [g for g in v if g not in GUARDS]
         if unknown:
             raise ValueError(f"unknown guard(s) {unknown}; known: {list(GUARDS)}")

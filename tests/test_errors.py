@@ -70,3 +70,44 @@ def test_one_logger_hierarchy():
     named = [f"{p.relative_to(root)}: {m.group(0)}" for p in root.rglob("*.py")
              for m in re.finditer(r"getLogger\(\s*[\"'][^\"']*[\"']\s*\)", p.read_text(encoding="utf-8"))]
     assert named == [], named
+
+
+def test_no_import_circle():
+    """No module of mdd/ imports one that (directly or round a circle) imports it back, lazy imports included."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "mdd"
+
+    def name(p: Path) -> str:
+        parts = list(p.relative_to(root.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    mods = {name(p): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mdd"):
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[m] |= {t for t in targets if t in mods and t != m and not m.startswith(t + ".")}
+    # a package's __init__ importing its own submodules is no circle; anything else that reaches back is
+    seen: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for t in sorted(graph[m]):
+            if seen.get(t) == 1 and not t.startswith(m + ".") and not m.startswith(t + "."):
+                circles.append(path[path.index(t):] + [t])
+            elif t not in seen:
+                visit(t, path + [t])
+        seen[m] = 2
+
+    for m in sorted(graph):
+        if m not in seen:
+            visit(m, [m])
+    assert circles == [], circles[:5]

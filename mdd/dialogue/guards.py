@@ -21,9 +21,9 @@ from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
 from mdd import knowledge
+from mdd.config import GUARDS  # noqa: F401 (the guard names: the config checks guards.enabled against them)
 
 SPEAKERS = ("doctor", "patient", "companion")
-GUARDS = ("role", "echo", "loop", "leak", "truncation", "repeat", "language", "faithfulness")
 _PUNCT = re.compile(r"[\s，,。.、；;：:！!？?…“”\"'‘’（）()《》〈〉【】\[\]~～—\-]+")
 _CLAUSE = re.compile(r"[，,。；;！!？?…\n]+")
 _CJK = re.compile(r"[\u4e00-\u9fff]")

@@ -447,16 +447,30 @@ class Deidentifier:
             return self.hash_id(raw), True
         return raw, False
 
-    def source(self, path: Any) -> str:
+    def source(self, path: Any, root: Any = None) -> str:
         """An input file as outputs name it: its base name when that is plainly not personal
         (sample_cases.json, part-01.jsonl), else ``input-`` + a keyed hash and the suffix. Folders
-        are never named (a folder may carry a person's name)."""
+        are never named (a folder may carry a person's name), except below ``root`` (the cases
+        folder a file was found in): each subfolder there is its plain name or ``dir-`` + a keyed
+        hash, so two files of one name in two subfolders keep distinct labels."""
         name = os.path.basename(str(path).rstrip("/\\")) or "input"
         if plain_file_name(name):
-            return name
-        suffix = os.path.splitext(name)[1].lower()
-        suffix = suffix if suffix in (".json", ".jsonl", ".parquet") else ""
-        return "input-" + hmac.new(self._key, str(path).encode("utf-8"), hashlib.sha256).hexdigest()[:10] + suffix
+            label = name
+        else:
+            suffix = os.path.splitext(name)[1].lower()
+            suffix = suffix if suffix in (".json", ".jsonl", ".parquet") else ""
+            label = "input-" + hmac.new(self._key, str(path).encode("utf-8"), hashlib.sha256).hexdigest()[:10] + suffix
+        if root is None:
+            return label
+        rel = os.path.relpath(os.path.dirname(str(path)), str(root))
+        if rel in (".", ""):
+            return label
+        parts, walked = [], str(root)
+        for part in rel.replace("\\", "/").split("/"):
+            walked = os.path.join(walked, part)
+            parts.append(part if plain_file_name(part) else
+                         "dir-" + hmac.new(self._key, walked.encode("utf-8"), hashlib.sha256).hexdigest()[:8])
+        return "/".join(parts + [label])
 
     def text(self, value: str, fieldname: str, masked: list[str]) -> str:
         """``value`` scrubbed; appends ``field:kind`` for each kind found."""

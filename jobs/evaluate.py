@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from jobs import add_wait_flag
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--full", action="store_true", help="evaluate every shard again and refit the IDF (default: "
                     "only shards not yet evaluated with this evaluator, eval/state.json)")
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
-                    "to finish (default: exit 2 naming it)")
+    add_wait_flag(ap)
     return ap
 
 

@@ -337,3 +337,41 @@ def test_a_bad_flag_value_is_blamed_on_the_flag_not_the_config_file(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "invalid command line: " + flag in err and "local.yaml" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+# every command that writes under an output folder, as a new user runs it; search only reads (tested above)
+WRITERS = {
+    "compare": lambda out, ref: ["compare", "--out", str(out), "--reference", str(ref), "--quiet"],
+    "utility": lambda out, ref: ["utility", "--out", str(out), "--reference", str(ref), "--quiet"],
+    "import-mdd5k": lambda out, ref: ["import-mdd5k", "--dialogues", str(ref), "--out", str(out)],
+    "cases synthesize": lambda out, ref: ["cases", "synthesize", "--n", "2", "--out", str(out)],
+    "cases check": lambda out, ref: ["cases", "check", str(ROOT / "data" / "cases"), "--out", str(out)],
+}
+
+
+def test_every_command_that_writes_under_out_takes_the_lock(tmp_path):
+    """A second writer of one --out, whatever the command, exits 2 with one line naming the holder and
+    writes nothing; every command that writes under --out offers --wait (and run, synthesize, evaluate,
+    report, export are tested above)."""
+    from mdd.cli import COMMANDS
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        for name, argv in WRITERS.items():
+            r = _mdd(*argv(out, ROOT.parent / "shared" / "mdd5k"))
+            assert r.returncode == 2, (name, r.stderr[-2000:])
+            line = _one_line(r.stderr)
+            assert f"pid {proc.pid}" in line and "synthesize" in line and "--wait" in line, (name, line)
+            assert sorted(p.name for p in out.iterdir()) == before, name
+    finally:
+        proc.kill()
+        proc.wait()
+    for name, argv in WRITERS.items():
+        r = _mdd(*argv(out, out)[:2 if name.startswith("cases") else 1], "--help")
+        assert r.returncode == 0 and "--wait" in r.stdout, name
+    assert {n for n in COMMANDS if "run_lock(" in (ROOT / (COMMANDS[n][0].replace(".", "/") + ".py")).read_text(
+        encoding="utf-8")} == {"synthesize", "evaluate", "run", "report", "export", "compare", "utility",
+                               "import-mdd5k", "cases"}

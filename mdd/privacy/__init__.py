@@ -82,6 +82,8 @@ KINDS: dict[str, str] = {
     "plate": "[车牌号已隐去]",
     "passport": "[护照号已隐去]",
     "employee_number": "[工号已隐去]",
+    "url": "[网址已隐去]",
+    "postcode": "[邮编已隐去]",
 }
 
 KEY_FILE = ".privacy-key"
@@ -114,10 +116,11 @@ _CJK = "\u3400-\u9fff"
 _EMAIL = re.compile(rf"(?:[{_CJK}]{{1,4}}[A-Za-z0-9._%+\-]*|[A-Za-z0-9._%+\-]+)(?:@|\(at\)|\[at\])"
                     rf"(?:[A-Za-z0-9\-{_CJK}]+\.)+(?:[A-Za-z]{{2,63}}|[{_CJK}]{{2,4}})")
 _CUED = (
-    ("qq", re.compile(r"(?i)(?:qq|扣扣)" + _CUE_TAIL + r"([0-9](?:" + _SEP + r"?[0-9]){4,12})")),
-    ("wechat", re.compile(r"(?i)(?:微信|weixin|wechat|vx|wx)" + _CUE_TAIL +
+    ("qq", re.compile(r"(?i)(?:qq|扣扣|企鹅号?|q号)" + _CUE_TAIL + r"([0-9](?:" + _SEP + r"?[0-9]){4,12})")),
+    ("wechat", re.compile(r"(?i)(?:微信|薇信|威信|v信|weixin|wechat|vx|wx)" + _CUE_TAIL +
                           r"([A-Za-z][-_A-Za-z0-9]{5,19}|\+?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
-    ("record_number", re.compile(r"(?:住院号|病案号|门诊号|病历号|就诊卡号|医保卡号|社保卡号|医保号|证件号|身份证号?|卡号)"
+    ("record_number", re.compile(r"(?i)(?:住院号|病案号|门诊号|病历号|就诊卡号|就诊号|医保卡号|社保卡号|医保号|社保号|社会保障号码?|"
+                                 r"登记号|档案号|流水号|挂号单号|条码号|患者ID|病人ID|病历ID|ID号|证件号|身份证号?|卡号|账号|帐号)"
                                  + _CUE_TAIL + r"([A-Za-z0-9](?:[-A-Za-z0-9 ]?[A-Za-z0-9]){3,})")),
     ("passport", re.compile(r"(?:护照|通行证|签证)" + _CUE_TAIL + r"([A-Za-z]{0,2}[0-9](?:[- ]?[0-9]){5,9})")),
     ("employee_number", re.compile(r"(?:工号|员工号|员工编号|职工号|职工编号|工作证号|学号|警号|军官证号?|驾驶证号|驾照号|编号)"
@@ -125,6 +128,12 @@ _CUED = (
     ("phone", re.compile(r"(?i)(?:联系电话|联系方式|电话|手机|座机|tel|phone|mobile)" + _CUE_TAIL +
                          r"(\+?\(?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
 )
+_POSTCODE = re.compile(r"(?:邮编|邮政编码|邮码)\s*(?:是|为|[:：])?\s*([0-9]{6})(?![0-9])")
+# web addresses: a scheme or www., or a domain with a path (weibo.com/name)
+# (a machine's own address, localhost or an IP, is no one's: a log's dashboard link stays)
+_URL = re.compile(r"(?i)(?:https?://(?!localhost\b|[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+\b|\[)|www\.)[A-Za-z0-9\-._~:/?#\[\]@!$&'*+,;=%]+|"
+                  r"(?<![A-Za-z0-9@.])[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.(?:com|cn|net|org|edu|gov|io|me|cc|tv|info)"
+                  r"/[A-Za-z0-9\-._~/?#@!$&'*+=%]+")
 _PLATE = re.compile(r"[京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼使领]\s*[A-Z][\s.-]?"
                     r"(?=[A-Z0-9]{0,5}[0-9])[A-Z0-9]{5,6}(?![A-Za-z0-9])")
 _PASSPORT = re.compile(r"(?<![A-Za-z0-9])(?:[EGDSPHK][A-Z]?|[A-Z]{2})[0-9]{7,8}(?![0-9A-Za-z])")
@@ -135,6 +144,7 @@ _D = r"(?:3[01]|[12][0-9]|0?[1-9]|[123]?十[1-9]?)"
 _YMD = rf"{_Y}\s*年\s*{_M}\s*月\s*{_D}\s*[日号]?|(?:1[89]|20)[0-9]{{2}}\s*[-/.]\s*{_M}\s*[-/.]\s*{_D}(?![0-9])"
 _MD = rf"(?<![0-9十]){_M}\s*月\s*{_D}\s*[日号]"
 _YM = rf"{_Y}\s*年\s*{_M}\s*月(?!\s*[0-9十])|(?:1[89]|20)[0-9]{{2}}\s*[-/.]\s*{_M}(?![0-9.\-/])"
+_COMPACT = r"(?<![0-9])(?:19[0-9]{2}|20[0-9]{2})(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])(?![0-9])"
 _VISIT = r"(?:入院|出院|就诊|住院|来诊|初诊|复诊|门诊|就医|转院|收治|收入|检查|体检|手术|来院|到院|随访)"
 _DATES = (
     re.compile(rf"(?<![0-9])(?:{_YMD})"),
@@ -142,15 +152,28 @@ _DATES = (
     re.compile(rf"(?:出生日期|出生年月日?|出生于|出生在|生于|出生|生日|生辰)[：:\s是为在]*((?:{_Y})\s*年(?:\s*{_M}\s*月)?|{_YM})"),
     re.compile(rf"(?<![0-9])({_YM})(?=\s*[，,]?\s*(?:在|于|到|来)?[^，。；]{{0,8}}{_VISIT})"),
     re.compile(rf"(?:{_VISIT}(?:日期|时间)|日期|时间)[：:\s为是]*({_YM})"),
+    re.compile(_COMPACT),
+    re.compile(rf"(?<![0-9])((?:1[89][0-9]{{2}}|20[0-9]{{2}}|[0-9]{{2}})\s*年)(?=\s*(?:出生|生人|生(?:[，,。；;\s]|$)))"),
 )
 _KIN = ("父亲|母亲|爸爸|妈妈|丈夫|妻子|老公|老婆|爱人|配偶|儿子|女儿|哥哥|姐姐|弟弟|妹妹|男友|女友|外婆|外公|奶奶|爷爷|"
-        "孙子|孙女|继父|继母|前夫|前妻")
+        "孙子|孙女|继父|继母|前夫|前妻|孩子|长子|次子|长女|次女|其[父母兄姐弟妹妻夫子女]")
+# an age in digits, or in Chinese numerals as normalised (三十七 -> 3十7, 十九 -> 十9)
+_AGE_NUM = r"([0-9]{1,3}|[1-9]?十[1-9]?)"
 _AGES = (
     re.compile(r"(?:(?<=[男女])|(?<=[男女]性)|(?<=年龄)|(?<=今年)|(?<=现年)|(?<=时年)|(?<=年仅)|(?<=患者)|(?<=病人))"
-               r"(?:\s*[，,、:：为是]?\s*)([0-9]{1,3})(?=\s*(?:周岁|岁))"),
-    re.compile(r"(?<![0-9])([0-9]{1,3})(?=\s*(?:周岁|岁)\s*[，,、]?\s*[男女])"),
-    re.compile(rf"(?:{_KIN})\s*[，,]?\s*(?:今年|现年)?\s*([0-9]{{1,3}})(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
+               r"(?:\s*[，,、:：为是]?\s*)" + _AGE_NUM + r"(?=\s*(?:周岁|岁))"),
+    re.compile(r"(?<![0-9十])" + _AGE_NUM + r"(?=\s*(?:周岁|岁)\s*[，,、]?\s*[男女])"),
+    re.compile(rf"(?:{_KIN})\s*[，,]?\s*(?:今年|现年)?\s*{_AGE_NUM}(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
+    re.compile(r"(?<=年龄)\s*[:：为是]?\s*([0-9]{1,3})(?![0-9])(?!\s*(?:岁时|年|个?月|天|周|次|分|%))"),
 )
+
+
+def _age_value(text: str) -> int:
+    """An age as matched by ``_AGES`` (digits, or 3十7 / 十9 / 3十 from Chinese numerals)."""
+    if "十" not in text:
+        return int(text)
+    tens, _, ones = text.partition("十")
+    return int(tens or 1) * 10 + int(ones or 0)
 
 
 def round_age(age: int) -> int:
@@ -285,6 +308,7 @@ def find(text: str, ner: bool = True) -> list[Hit]:
     merged into one span (masking more, never less) that keeps the kind of the first detector."""
     norm = normalise(text)
     found: list[Hit] = [Hit(m.start(), m.end(), "email") for m in _EMAIL.finditer(norm)]
+    found += [Hit(m.start(), m.end(), "url") for m in _URL.finditer(norm)]
     found += _runs(norm)
     for kind, pat in _CUED:  # what is given as such; a cue inside another cue's value counts too
         pos = 0
@@ -292,6 +316,7 @@ def find(text: str, ner: bool = True) -> list[Hit]:
             found.append(Hit(m.start(1), m.end(1), kind))
             pos = m.start() + 1
     found += [Hit(m.start(1), m.end(1), "address") for m in _ADDRESS.finditer(norm)]
+    found += [Hit(m.start(1), m.end(1), "postcode") for m in _POSTCODE.finditer(norm)]
     found += [Hit(m.start(), m.end(), "plate") for m in _PLATE.finditer(norm)]
     found += [Hit(m.start(), m.end(), "passport") for m in _PASSPORT.finditer(norm)]
     for pat in _DATES:
@@ -300,8 +325,8 @@ def find(text: str, ner: bool = True) -> list[Hit]:
             found.append(Hit(m.start(g), m.end(g), "date"))
     for pat in _AGES:
         for m in pat.finditer(norm):
-            age = int(m.group(1))
-            if age % 10 or age == 0:
+            age = _age_value(m.group(1))
+            if age % 10 or age == 0 or "十" in m.group(1):
                 found.append(Hit(m.start(1), m.end(1), "age", str(round_age(age))))
     if ner:
         from mdd.privacy import ner as _ner

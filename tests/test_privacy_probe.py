@@ -10,7 +10,7 @@ import pytest
 
 from mdd import privacy
 from mdd.cases import load_cases
-from privacy_probe import CLINICAL, CLINICAL_HOSTILE, HOSTILE, PROBES
+from privacy_probe import CLINICAL, CLINICAL_HOSTILE, HELD_OUT, HOSTILE, PROBES
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures the README states (measured on this probe set; a change that lowers one fails here)
@@ -136,7 +136,7 @@ def test_hostile_forms_recall_and_precision():
     assert sum(total.values()) >= 80 and len(total) >= 16
     assert {k: v[1] for k, v in HOSTILE_RECALL_BEFORE.items()} == dict(total)  # the same mentions before and after
     assert sum(found.values()) / sum(total.values()) >= HOSTILE_RECALL_MIN, missed
-    assert all(found[k] / total[k] >= 0.9 for k in total), missed
+    assert found == total, missed  # the README's table: every mention, every kind
     assert wrong == [] and sum(good.values()) == sum(hits.values())  # precision 100% per kind
 
 
@@ -153,7 +153,23 @@ def test_no_false_positive_on_clinical_text_near_the_hostile_forms():
     ("家住幸福里小区5栋2单元302室。", "幸福里", "家住某地址"),
     ("其舅舅司马光明曾有类似发作。", "光明", "其舅舅某某曾"),
     ("张医生建议加用助眠药物。", "张", "某医生"),
+    ("患者ZHANG Wei，留学生。", "ZHANG", "患者某某"),
+    ("家属提供其微博主页 weibo.com/u/zhangwei1987。", "zhangwei", "[网址已隐去]"),
+    ("Ray dashboard at http://127.0.0.1:8265", "[网址已隐去]", "http://127.0.0.1:8265"),
 ])
 def test_hostile_forms_come_out_vague(text, masked, kept):
     out = privacy.mask(text)
     assert masked not in out and kept in out, out
+
+
+# HELD_OUT was written after the HOSTILE rules and measured once before changing anything: 34 of 38 (89%;
+# missed: 患儿王小宝，7岁 and 其父亲张德明，62岁 (an age after a name), a road without a number after a district
+# (广州市天河区体育西路), a bank's branch (中国工商银行北京分行)). Rules for those four came after.
+HELD_OUT_FIRST_TRY = (34, 38)
+
+
+def test_held_out_forms():
+    found, total, hits, good, missed, wrong = _measure_strict(HELD_OUT)
+    assert sum(total.values()) == HELD_OUT_FIRST_TRY[1]
+    assert sum(found.values()) / sum(total.values()) >= HOSTILE_RECALL_MIN, missed
+    assert found == total and wrong == [], (missed, wrong)  # 38/38 after the rules for the first try's misses

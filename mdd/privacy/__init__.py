@@ -24,14 +24,15 @@ record_number  an identifier given after 住院号, 病案号, 门诊号, 病历
 address        house, building, unit and room numbers after a street or estate word (路 街 巷 弄 道
                村 区 园 苑 里 庄 寓 厦), with the street's name (ner.py): 某地址
 number         7 or more digits spelled out one by one ("1 3 8 1 …") that are none of the above
+url            web addresses (https://…, www.…, a domain with a path); not localhost or an IP
+postcode       six digits after 邮编 / 邮政编码
 ============== ====================================================================================
 
 Digits are recognised in every common form: half- and full-width (１３８…), Chinese numerals
 (一三八…, 〇/零/幺, 壹贰叁…), and split by spaces, dashes, dots or parentheses ("138 1234 5678",
 "138.1234.5678", "+86-138-1234-5678", "1 3 8 1 2 3 4 5 6 7 8"). A number split into groups counts
 only when every group has at least 3 digits (or every group one digit), so dates such as
-"2013.10.15-2014.01.20" are left alone. Not detected: personal names in free text, birth dates,
-place names without house numbers. A case id that is a name is hashed (see ``looks_personal_id``).
+"2013.10.15-2014.01.20" are left alone. A case id that is a name is hashed (see ``looks_personal_id``).
 
 Since issue 24 the set also finds (to GB/T 39725-2020, as the MDD-5k paper describes its cases):
 person names, places and organisations (``mdd.privacy.ner``: jieba's tagger checked by rules;
@@ -160,10 +161,13 @@ _KIN = ("父亲|母亲|爸爸|妈妈|丈夫|妻子|老公|老婆|爱人|配偶|�
 # an age in digits, or in Chinese numerals as normalised (三十七 -> 3十7, 十九 -> 十9)
 _AGE_NUM = r"([0-9]{1,3}|[1-9]?十[1-9]?)"
 _AGES = (
-    re.compile(r"(?:(?<=[男女])|(?<=[男女]性)|(?<=年龄)|(?<=今年)|(?<=现年)|(?<=时年)|(?<=年仅)|(?<=患者)|(?<=病人))"
+    re.compile(r"(?:(?<=[男女])|(?<=[男女]性)|(?<=年龄)|(?<=今年)|(?<=现年)|(?<=时年)|(?<=年仅)|(?<=患者)|(?<=患儿)|(?<=病人))"
                r"(?:\s*[，,、:：为是]?\s*)" + _AGE_NUM + r"(?=\s*(?:周岁|岁))"),
     re.compile(r"(?<![0-9十])" + _AGE_NUM + r"(?=\s*(?:周岁|岁)\s*[，,、]?\s*[男女])"),
     re.compile(rf"(?:{_KIN})\s*[，,]?\s*(?:今年|现年)?\s*{_AGE_NUM}(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
+    # a name (or 某某) between: 患儿王小宝，7岁; 其父亲张德明，62岁
+    re.compile(rf"(?:{_KIN}|患者|患儿|病人)\s*[{_CJK}]{{2,4}}\s*[，,]\s*(?:今年|现年)?\s*{_AGE_NUM}"
+               rf"(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
     re.compile(r"(?<=年龄)\s*[:：为是]?\s*([0-9]{1,3})(?![0-9])(?!\s*(?:岁时|年|个?月|天|周|次|分|%))"),
 )
 

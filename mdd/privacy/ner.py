@@ -239,7 +239,7 @@ _ADDRESS = re.compile(rf"([{_CJK}]{{1,12}}?{_STREET})\s*({_ADDR_NUM}\s*{_ADDR_UN
                       rf"(?:\s*-?\s*{_ADDR_NUM}\s*{_ADDR_UNIT})*)")
 _PLACE_SUFFIX = tuple("市区县镇乡村路街州旗") + ("大道", "胡同", "街道", "新区")
 # administrative units after a province or a first place: 周口市沈丘县付井镇王庄村 (each unit 1-5 characters)
-_UNITS = re.compile(rf"(?:[{_CJK}]{{1,5}}?(?:自治州|自治县|地区|街道|市|州|盟|区|县|旗|镇|乡|村|屯))+")
+_UNITS = re.compile(rf"(?:[{_CJK}]{{1,5}}?(?:自治州|自治县|地区|街道|大道|大街|市|州|盟|区|县|旗|镇|乡|村|屯|路|街))+")
 _UNIT_END = ("市", "州", "盟", "区", "县", "旗", "镇", "乡", "村", "屯", "街道")
 
 
@@ -282,7 +282,7 @@ def _chains(text: str, toks: list[tuple[int, int, str, str]]) -> Iterator[Span]:
 def _split_units(chain: str) -> list[str]:
     """The units of a chain, up to the first one that is a common word (城区, 市区)."""
     out = []
-    for u in re.findall(rf"[{_CJK}]{{1,5}}?(?:自治州|自治县|地区|街道|市|州|盟|区|县|旗|镇|乡|村|屯)", chain):
+    for u in re.findall(rf"[{_CJK}]{{1,5}}?(?:自治州|自治县|地区|街道|大道|大街|市|州|盟|区|县|旗|镇|乡|村|屯|路|街)", chain):
         if u in _lex()["generic_places"] or len(u) < 2:
             break
         out.append(u)

@@ -375,3 +375,59 @@ def test_every_command_that_writes_under_out_takes_the_lock(tmp_path):
     assert {n for n in COMMANDS if "run_lock(" in (ROOT / (COMMANDS[n][0].replace(".", "/") + ".py")).read_text(
         encoding="utf-8")} == {"synthesize", "evaluate", "run", "report", "export", "compare", "utility",
                                "import-mdd5k", "cases"}
+
+
+def test_duplicate_rows_and_first_rows():
+    import pyarrow as pa
+
+    assert storage.duplicate_rows({"b": ["x", "y", "x"], "a": ["y", "z"]}) == {"b": [1, 2]}
+    t = pa.table({"dialogue_id": ["a", "b", "a", "c", "b"], "turn": [0, 0, 0, 0, 1]})
+    one, n = storage.first_rows(t, ["dialogue_id"])
+    assert one.column("dialogue_id").to_pylist() == ["a", "b", "c"] and n == 2
+    two, n = storage.first_rows(t, ["dialogue_id", "turn"])
+    assert two.column("turn").to_pylist() == [0, 0, 0, 1] and n == 1
+    assert storage.without_rows(t, [0, 4]).column("dialogue_id").to_pylist() == ["b", "a", "c"]
+
+
+def test_dialogue_ids_duplicated_on_disk_by_an_older_run_are_read_once(run_copy, caplog):
+    """An output that already holds a dialogue twice (two runs at once before the lock, or an older
+    version): evaluate, the index, export and report each carry every dialogue id once, and say how
+    many rows they skipped."""
+    import logging
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.evaluate import main as evaluate_main
+    from jobs.export import main as export_main
+    from jobs.report import main as report_main
+
+    out = run_copy
+    shards = sorted((out / "synth").glob("*.parquet"))
+    n = pl.read_parquet(out / "synth" / "*.parquet")["dialogue_id"].n_unique()
+    whole = pq.read_metadata(shards[0]).num_rows
+    shutil.copy(shards[0], out / "synth" / "zz-older-run.parquet")  # a whole shard again
+    t = pq.read_table(shards[-1])
+    pq.write_table(pa.concat_tables([t, t.slice(0, 1)]), shards[-1])  # and one row twice within a shard
+    copies = pl.read_parquet(out / "synth" / "*.parquet").height - n
+    assert copies == whole + 1
+    config = str(ROOT / "configs" / "local.yaml")
+    with caplog.at_level(logging.WARNING, logger="mdd.storage"):
+        assert evaluate_main(["--config", config, "--out", str(out), "--quiet"]) == 0
+        assert export_main(["--out", str(out), "--format", "sharegpt"]) == 0
+        assert report_main(["--config", config, "--out", str(out)]) == 0
+    said = [m for m in caplog.messages if "repeat a dialogue id" in m]
+    assert said and f": {copies} row(s) repeat" in said[0], caplog.messages
+    for folder in ("eval/dialogues", "eval/turns", "eval/rules"):
+        df = pl.read_parquet(out / folder / "*.parquet")
+        key = {"eval/dialogues": ["dialogue_id"], "eval/turns": ["dialogue_id", "turn"],
+               "eval/rules": ["dialogue_id", "rule"]}[folder]
+        assert df.select(key).is_duplicated().sum() == 0, folder
+        assert df["dialogue_id"].n_unique() == n, folder
+    assert pl.read_parquet(out / "eval" / "dialogues" / "*.parquet").height == n
+    exported = [json.loads(x) for x in (out / "export" / "sharegpt.jsonl").read_text(encoding="utf-8").splitlines()]
+    ids = [r.get("id") or r.get("dialogue_id") for r in exported]
+    assert len(ids) == len(set(ids)) and None not in ids
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert run["evaluate"]["dialogues"] == n

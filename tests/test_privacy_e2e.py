@@ -111,3 +111,49 @@ def test_no_personal_datum_reaches_any_output_or_the_log(generated):
         masked = run["personal_data_masked"]
         assert sum(k.startswith("anon-") for k in masked) == sum(i.startswith("anon-") for i in ids)
         assert all(":" in m for v in masked.values() for m in v)
+
+
+def test_hostile_case_text_in_a_nested_folder_reaches_no_output():
+    """The labelled forms of tests/privacy_probe.py (HOSTILE, HELD_OUT: names with titles, pinyin names,
+    administrative chains, estates, schools, employers, units, URLs, postcodes, dates in every form, ages
+    in Chinese numerals) written into the sample cases' free text, in a cases folder with a subfolder and
+    a file of another extension: the main job runs; no mention of 3+ characters is in any file under OUT
+    or in the job's output; every age is in tens; the other file is a reject row."""
+    from privacy_probe import HELD_OUT, HOSTILE
+
+    base = json.loads(SAMPLES.read_text(encoding="utf-8"))
+    probes = HOSTILE + HELD_OUT
+    cases = [copy.deepcopy(c) for c in base[:N_CASES]]
+    for i, (text, _) in enumerate(probes):
+        c = cases[i % N_CASES]
+        if i % 3 == 0 and isinstance(c.get("个人史"), dict):
+            c["个人史"][f"补充{i}"] = text
+        else:
+            c["现病史"] = c["现病史"] + text
+    mentions = sorted({m for _, ms in probes for m, kind in ms if len(m) >= 3 and kind != "age"})
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "cases", Path(tmp) / "out"
+        (src / "part" / "b").mkdir(parents=True)
+        (src / "cases.json").write_text(json.dumps(cases[:4], ensure_ascii=False), encoding="utf-8")
+        (src / "part" / "b" / "cases.jsonl").write_text(
+            "\n".join(json.dumps(c, ensure_ascii=False) for c in cases[4:]), encoding="utf-8")
+        (src / "part" / "张伟的病历.txt").write_text(probes[0][0], encoding="utf-8")
+        inputs = json.dumps(cases, ensure_ascii=False)
+        assert all(m in inputs for m in mentions) and len(mentions) >= 90  # control
+        env = {**os.environ, "RAY_ADDRESS": ""}
+        proc = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(src),
+                               "--out", str(out), "--variants", "1", "--no-progress"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        texts = output_text(out)
+        texts["<stdout>"], texts["<stderr>"] = proc.stdout, proc.stderr
+        found = {name: [m for m in mentions if m in t] for name, t in texts.items()}
+        assert {k: v for k, v in found.items() if v} == {}
+        assert pq.read_table(out / "synth").num_rows == N_CASES
+        for table, col in (("cases.parquet", "age"), ("synth", "age")):
+            ages = pq.read_table(out / table).column(col).to_pylist()
+            assert ages and all(a % 10 == 0 for a in ages), (table, ages)
+        rejects = pq.read_table(out / "rejects.parquet").to_pylist()
+        other = [r for r in rejects if r["field"] == "(file)"]
+        assert len(other) == 1 and "extension '.txt'" in other[0]["reason"] and "张伟" not in other[0]["source"]
+        assert "not a case file" in proc.stderr

@@ -42,6 +42,18 @@ def output_text(out: Path) -> dict[str, str]:
     return texts
 
 
+def run_main_job(src: Path, out: Path, env: dict[str, str]) -> dict[str, str]:
+    """``jobs.run`` (scripted engine, one variant) on ``src`` into ``out``: every output file as text
+    (``output_text``) and the job's stdout and stderr."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(src),
+                           "--out", str(out), "--variants", "1", "--no-progress"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    texts = output_text(out)
+    texts["<stdout>"], texts["<stderr>"] = proc.stdout, proc.stderr
+    return texts
+
+
 @st.composite
 def hostile_cases(draw) -> tuple[list, list[Datum]]:
     base = json.loads(SAMPLES.read_text(encoding="utf-8"))
@@ -90,12 +102,7 @@ def test_no_personal_datum_reaches_any_output_or_the_log(generated):
         assert leaks(inputs, data) == data  # control: the scanner finds every datum in the input
         env = {**os.environ, "RAY_ADDRESS": ""}
         env.pop("MDD_PRIVACY_KEY", None)
-        proc = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(src),
-                               "--out", str(out), "--variants", "1", "--no-progress"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        texts = output_text(out)
-        texts["<stdout>"], texts["<stderr>"] = proc.stdout, proc.stderr
+        texts = run_main_job(src, out, env)
         found = {name: [d.text for d in leaks(t, data)] for name, t in texts.items()}
         assert {k: v for k, v in found.items() if v} == {}
 
@@ -140,13 +147,7 @@ def test_hostile_case_text_in_a_nested_folder_reaches_no_output():
         (src / "part" / "张伟的病历.txt").write_text(probes[0][0], encoding="utf-8")
         inputs = json.dumps(cases, ensure_ascii=False)
         assert all(m in inputs for m in mentions) and len(mentions) >= 90  # control
-        env = {**os.environ, "RAY_ADDRESS": ""}
-        proc = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(src),
-                               "--out", str(out), "--variants", "1", "--no-progress"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        texts = output_text(out)
-        texts["<stdout>"], texts["<stderr>"] = proc.stdout, proc.stderr
+        texts = run_main_job(src, out, {**os.environ, "RAY_ADDRESS": ""})
         found = {name: [m for m in mentions if m in t] for name, t in texts.items()}
         assert {k: v for k, v in found.items() if v} == {}
         assert pq.read_table(out / "synth").num_rows == N_CASES
@@ -156,4 +157,4 @@ def test_hostile_case_text_in_a_nested_folder_reaches_no_output():
         rejects = pq.read_table(out / "rejects.parquet").to_pylist()
         other = [r for r in rejects if r["field"] == "(file)"]
         assert len(other) == 1 and "extension '.txt'" in other[0]["reason"] and "张伟" not in other[0]["source"]
-        assert "not a case file" in proc.stderr
+        assert "not a case file" in texts["<stderr>"]

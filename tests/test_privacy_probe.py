@@ -10,7 +10,7 @@ import pytest
 
 from mdd import privacy
 from mdd.cases import load_cases
-from privacy_probe import CLINICAL, CLINICAL_HOSTILE, HELD_OUT, HOSTILE, PROBES
+from privacy_probe import CLINICAL, CLINICAL_HOSTILE, HELD_OUT, HELD_OUT_2, HOSTILE, PROBES
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures the README states (measured on this probe set; a change that lowers one fails here)
@@ -143,6 +143,7 @@ def test_hostile_forms_recall_and_precision():
 def test_no_false_positive_on_clinical_text_near_the_hostile_forms():
     """小时候, 主任医师, 和老师, 心前区, 大城市, 县城, doses, scores, scale names: nothing masked."""
     assert {t: [t[h.start:h.end] for h in privacy.find(t)] for t in CLINICAL_HOSTILE if privacy.find(t)} == {}
+    assert len(CLINICAL_HOSTILE) == 36  # the README's count
 
 
 @pytest.mark.parametrize("text, masked, kept", [
@@ -173,3 +174,15 @@ def test_held_out_forms():
     assert sum(total.values()) == HELD_OUT_FIRST_TRY[1]
     assert sum(found.values()) / sum(total.values()) >= HOSTILE_RECALL_MIN, missed
     assert found == total and wrong == [], (missed, wrong)  # 38/38 after the rules for the first try's misses
+
+
+# HELD_OUT_2, written after the HELD_OUT rules, first try: 19 of 31 (61%; missed: M.D and M/D dates before a
+# visit word, 台胞证号, a Hong Kong identity card, 名叫朵朵 and 小名叫二丫, a building and room after the house
+# number, a Weibo handle and a Douyin id, an IP address, hospitals named by a number: 三〇一医院, 北大六院).
+HELD_OUT_2_FIRST_TRY = (19, 31)
+
+
+def test_second_held_out_forms():
+    found, total, hits, good, missed, wrong = _measure_strict(HELD_OUT_2)
+    assert sum(total.values()) == HELD_OUT_2_FIRST_TRY[1]
+    assert found == total and wrong == [], (missed, wrong)

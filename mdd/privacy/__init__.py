@@ -26,6 +26,8 @@ address        house, building, unit and room numbers after a street or estate w
 number         7 or more digits spelled out one by one ("1 3 8 1 …") that are none of the above
 url            web addresses (https://…, www.…, a domain with a path); not localhost or an IP
 postcode       six digits after 邮编 / 邮政编码
+account        a social-media id given as such (抖音号：…, 微博@…)
+ip             an IPv4 address after "IP" (other IPs, a log's node address, stay)
 ============== ====================================================================================
 
 Digits are recognised in every common form: half- and full-width (１３８…), Chinese numerals
@@ -85,6 +87,8 @@ KINDS: dict[str, str] = {
     "employee_number": "[工号已隐去]",
     "url": "[网址已隐去]",
     "postcode": "[邮编已隐去]",
+    "account": "[账号已隐去]",
+    "ip": "[IP地址已隐去]",
 }
 
 KEY_FILE = ".privacy-key"
@@ -121,11 +125,18 @@ _CUED = (
     ("wechat", re.compile(r"(?i)(?:微信|薇信|威信|v信|weixin|wechat|vx|wx)" + _CUE_TAIL +
                           r"([A-Za-z][-_A-Za-z0-9]{5,19}|\+?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
     ("record_number", re.compile(r"(?i)(?:住院号|病案号|门诊号|病历号|就诊卡号|就诊号|医保卡号|社保卡号|医保号|社保号|社会保障号码?|"
-                                 r"登记号|档案号|流水号|挂号单号|条码号|患者ID|病人ID|病历ID|ID号|证件号|身份证号?|卡号|账号|帐号)"
+                                 r"登记号|档案号|流水号|挂号单号|条码号|患者ID|病人ID|病历ID|ID号|证件号|身份证号?|卡号|账号|帐号|"
+                                 r"台胞证号?|回乡证号?|居住证号?|士兵证号?|IMEI|imei)"
                                  + _CUE_TAIL + r"([A-Za-z0-9](?:[-A-Za-z0-9 ]?[A-Za-z0-9]){3,})")),
     ("passport", re.compile(r"(?:护照|通行证|签证)" + _CUE_TAIL + r"([A-Za-z]{0,2}[0-9](?:[- ]?[0-9]){5,9})")),
     ("employee_number", re.compile(r"(?:工号|员工号|员工编号|职工号|职工编号|工作证号|学号|警号|军官证号?|驾驶证号|驾照号|编号)"
                                    + _CUE_TAIL + r"([A-Za-z0-9](?:[-_A-Za-z0-9 ]?[A-Za-z0-9]){2,})")),
+    ("account", re.compile(r"(?i)(?:抖音|快手|微博|小红书|b站|哔哩哔哩|知乎|豆瓣|贴吧|ins|instagram|twitter|推特|脸书|facebook|"
+                           r"tiktok|游戏)(?:号|账号|帐号|id|用户名|昵称|ID)\s*(?:是|为|[:：])?\s*@?"
+                           r"([A-Za-z0-9_\-.]{2,30}|[\u3400-\u9fff][\u3400-\u9fffA-Za-z0-9_\-]{1,15})")),
+    ("account", re.compile(r"(?i)(?:抖音|快手|微博|小红书|b站|知乎|豆瓣|贴吧|ins|twitter|推特|tiktok)[^，。；\s@]{0,4}"
+                           r"(@[A-Za-z0-9_\-.\u3400-\u9fff]{2,30})")),
+    ("ip", re.compile(r"(?i)ip(?:地址)?\s*(?:是|为|[:：])?\s*([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?![0-9])")),
     ("phone", re.compile(r"(?i)(?:联系电话|联系方式|电话|手机|座机|tel|phone|mobile)" + _CUE_TAIL +
                          r"(\+?\(?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
 )
@@ -137,6 +148,8 @@ _URL = re.compile(r"(?i)(?:https?://(?!localhost\b|[0-9]+\.[0-9]+\.[0-9]+\.[0-9]
                   r"/[A-Za-z0-9\-._~/?#@!$&'*+=%]+")
 _PLATE = re.compile(r"[京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼使领]\s*[A-Z][\s.-]?"
                     r"(?=[A-Z0-9]{0,5}[0-9])[A-Z0-9]{5,6}(?![A-Za-z0-9])")
+# a Hong Kong or Macau identity card: A123456(7), AB123456(A)
+_HK_ID = re.compile(r"(?<![A-Za-z0-9])[A-Z]{1,2}[0-9]{6,7}\s*\(\s*[0-9A]\s*\)")
 _PASSPORT = re.compile(r"(?<![A-Za-z0-9])(?:[EGDSPHK][A-Z]?|[A-Z]{2})[0-9]{7,8}(?![0-9A-Za-z])")
 # dates on normalised text: Chinese numerals are digits there, 十 stays
 _Y = r"(?:1[89][0-9]{2}|20[0-9]{2}|[0-9]{2}(?=\s*年))"
@@ -156,6 +169,10 @@ _DATES = (
     re.compile(_COMPACT),
     re.compile(rf"(?<![0-9])((?:1[89][0-9]{{2}}|20[0-9]{{2}}|[0-9]{{2}})\s*年)(?=\s*(?:出生|生人|生(?:[，,。；;\s]|$)))"),
 )
+# 5.12入院, 5/12在我院门诊就诊: a month and day right before a visit word, written in digits (so the numbered
+# list "3.一周后复诊" and doses "2/3量，复诊时" stay)
+_MD_NUM = re.compile(rf"(?<![0-9./])((?:1[0-2]|0?[1-9])[./](?:3[01]|[12][0-9]|0?[1-9]))(?![0-9./%])"
+                     rf"(?=\s*(?:在|于|到)?\s*(?:我院|本院|外院|医院)?\s*{_VISIT})")
 _KIN = ("父亲|母亲|爸爸|妈妈|丈夫|妻子|老公|老婆|爱人|配偶|儿子|女儿|哥哥|姐姐|弟弟|妹妹|男友|女友|外婆|外公|奶奶|爷爷|"
         "孙子|孙女|继父|继母|前夫|前妻|孩子|长子|次子|长女|次女|其[父母兄姐弟妹妻夫子女]")
 # an age in digits, or in Chinese numerals as normalised (三十七 -> 3十7, 十九 -> 十9)
@@ -322,11 +339,14 @@ def find(text: str, ner: bool = True) -> list[Hit]:
     found += [Hit(m.start(1), m.end(1), "address") for m in _ADDRESS.finditer(norm)]
     found += [Hit(m.start(1), m.end(1), "postcode") for m in _POSTCODE.finditer(norm)]
     found += [Hit(m.start(), m.end(), "plate") for m in _PLATE.finditer(norm)]
+    found += [Hit(m.start(), m.end(), "id_card") for m in _HK_ID.finditer(norm)]
     found += [Hit(m.start(), m.end(), "passport") for m in _PASSPORT.finditer(norm)]
     for pat in _DATES:
         for m in pat.finditer(norm):
             g = 1 if pat.groups else 0
             found.append(Hit(m.start(g), m.end(g), "date"))
+    found += [Hit(m.start(1), m.end(1), "date") for m in _MD_NUM.finditer(norm)
+              if re.fullmatch(r"[0-9０-９]+[./．／][0-9０-９]+", text[m.start(1):m.end(1)])]
     for pat in _AGES:
         for m in pat.finditer(norm):
             age = _age_value(m.group(1))

@@ -155,6 +155,11 @@ _TITLES = ("医生", "医师", "大夫", "老师", "女士", "先生", "小姐",
 _GIVEN_STOP = set("曾说称诉讲是在和与的了也都就又还于陪代告认觉表等及并因从到被把对给向跟去来")
 
 
+_CALLED = re.compile(rf"(?:(?:小名|乳名|昵称|外号|绰号|网名|英文名)(?:叫|是|为|[:：])?|"
+                     rf"(?:女儿|儿子|孩子|丈夫|妻子|爱人|男友|女友|前夫|前妻|父亲|母亲|患儿|患者)(?:的)?(?:名字叫|名字是|名叫|叫做))\s*"
+                     rf"([{_CJK}]{{2,3}}|[A-Za-z][A-Za-z ]{{1,20}}[A-Za-z])(?=[，,。；;、）)\s]|$)")
+
+
 def titled_names(text: str) -> Iterator[Span]:
     """Names written short: a surname with a title (张医生, 刘女士, 王老师), a nickname (小李, 老王), and
     compound surnames with their given name (司马光明), which jieba splits in odd places."""
@@ -173,6 +178,8 @@ def titled_names(text: str) -> Iterator[Span]:
         if nxt not in ("", "家") and _freq(m.group()[1] + nxt) >= 50:  # 小马达, 小马上: the surname starts a word
             continue
         yield Span(m.start(), m.end(), "name", "某某")
+    for m in _CALLED.finditer(text):  # 其女儿叫朵朵, 小名叫二丫: what follows is a name
+        yield Span(m.start(1), m.end(1), "name", "某某")
     for c in lex["compound_surnames"]:
         for m in re.finditer(f"{c}([{_CJK}]{{1,2}})", text):
             given = m.group(1)
@@ -203,7 +210,7 @@ def _org_prefix(text: str, start: int) -> int:
     """Where the specific name before a class word at ``start`` begins (== start: none)."""
     lex = _lex()
     lo = start
-    while lo > 0 and start - lo < 20 and re.match(f"[{_CJK}A-Za-z0-9第]", text[lo - 1]):
+    while lo > 0 and start - lo < 20 and re.match(f"[{_CJK}A-Za-z0-9第〇]", text[lo - 1]):
         lo -= 1
     window = text[lo:start]
     proper = [(s, e) for s, e, w, f in _tokens(window) if f in ("ns", "nr", "nrt", "nz", "nt", "nrfg") and e - s >= 2]
@@ -221,7 +228,7 @@ def _specific(prefix: str) -> bool:
     lex = _lex()
     if not prefix or "某" in prefix or prefix in lex["generic"]:
         return False
-    if re.search(r"[A-Za-z0-9]|第[一二三四五六七八九十0-9]", prefix):
+    if re.search(r"[A-Za-z0-9]|第[一二三四五六七八九十0-9]|^[〇零一二三四五六七八九]{2,}$", prefix):
         return True
     toks = _tokens(prefix)
     rest = [t for t in toks if t[2] not in lex["generic"]]
@@ -235,8 +242,11 @@ _ADDR_NUM = r"[0-9一二三四五六七八九十百千零〇两]+"
 _ADDR_UNIT = r"(?:号楼|号院|号|栋|幢|座|单元|室|楼|层|户|弄|排|巷)"
 # a street, lane, estate or compound word before a house number (an estate's name goes with it: 幸福里小区5栋)
 _STREET = r"(?:大道|大街|胡同|路|街|巷|弄|道|村|里|小区|花园|家园|新村|公寓|大厦|广场|社区|区|园|苑|庄|院|城|府|湾)"
+# after the house number, a building and its room: 华夏路10号富力中心2801
+_BUILDING = (rf"(?:\s*[{_CJK}]{{2,8}}?(?:中心|大厦|广场|公寓|大楼|写字楼|商城|花园|城)[A-Z]?(?:座|栋)?\s*"
+             rf"[0-9]{{2,5}}(?:室|号)?(?![0-9]))?")
 _ADDRESS = re.compile(rf"([{_CJK}]{{1,12}}?{_STREET})\s*({_ADDR_NUM}\s*{_ADDR_UNIT}"
-                      rf"(?:\s*-?\s*{_ADDR_NUM}\s*{_ADDR_UNIT})*)")
+                      rf"(?:\s*-?\s*{_ADDR_NUM}\s*{_ADDR_UNIT})*{_BUILDING})")
 _PLACE_SUFFIX = tuple("市区县镇乡村路街州旗") + ("大道", "胡同", "街道", "新区")
 # administrative units after a province or a first place: 周口市沈丘县付井镇王庄村 (each unit 1-5 characters)
 _UNITS = re.compile(rf"(?:[{_CJK}]{{1,5}}?(?:自治州|自治县|地区|街道|大道|大街|市|州|盟|区|县|旗|镇|乡|村|屯|路|街))+")
@@ -289,7 +299,7 @@ def _split_units(chain: str) -> list[str]:
     return out
 
 
-_NUMBERED_SCHOOL = re.compile(r"(第?[一二三四五六七八九十0-9]{1,3})(中|小)(?=[，。、；,.\s的读上毕就]|$)")
+_NUMBERED_SCHOOL = re.compile(r"(第?[一二三四五六七八九十0-9]{1,3})(中|小|院)(?=[，。、；,.\s的读上毕就住看治门]|$)")
 
 
 def places(text: str, toks: list[tuple[int, int, str, str]]) -> Iterator[Span]:
@@ -308,7 +318,7 @@ def places(text: str, toks: list[tuple[int, int, str, str]]) -> Iterator[Span]:
         prefix = text[ps:m.start()]
         if 2 <= len(prefix) <= 4 and prefix not in lex["generic"] and any(
                 f in ("ns", "j") for _, _, _, f in _tokens(prefix)):
-            yield Span(ps, m.end(), "org", "某中学" if m.group(2) == "中" else "某小学")
+            yield Span(ps, m.end(), "org", {"中": "某中学", "小": "某小学", "院": "某医院"}[m.group(2)])
     for s, e, w, f in toks:  # an organisation jieba knows whole (华为技术有限公司 nt)
         if f == "nt" and w not in lex["protected"]:
             vague = next((v for c, v in lex["org_classes"] if w.endswith(c) and len(w) > len(c)), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -121,15 +122,15 @@ def test_no_personal_datum_reaches_any_output_or_the_log(generated):
 
 
 def test_hostile_case_text_in_a_nested_folder_reaches_no_output():
-    """The labelled forms of tests/privacy_probe.py (HOSTILE, HELD_OUT: names with titles, pinyin names,
+    """The labelled forms of tests/privacy_probe.py (HOSTILE, HELD_OUT, HELD_OUT_2: names with titles, pinyin names,
     administrative chains, estates, schools, employers, units, URLs, postcodes, dates in every form, ages
     in Chinese numerals) written into the sample cases' free text, in a cases folder with a subfolder and
     a file of another extension: the main job runs; no mention of 3+ characters is in any file under OUT
     or in the job's output; every age is in tens; the other file is a reject row."""
-    from privacy_probe import HELD_OUT, HOSTILE
+    from privacy_probe import HELD_OUT, HELD_OUT_2, HOSTILE
 
     base = json.loads(SAMPLES.read_text(encoding="utf-8"))
-    probes = HOSTILE + HELD_OUT
+    probes = HOSTILE + HELD_OUT + HELD_OUT_2
     cases = [copy.deepcopy(c) for c in base[:N_CASES]]
     for i, (text, _) in enumerate(probes):
         c = cases[i % N_CASES]
@@ -137,7 +138,9 @@ def test_hostile_case_text_in_a_nested_folder_reaches_no_output():
             c["个人史"][f"补充{i}"] = text
         else:
             c["现病史"] = c["现病史"] + text
-    mentions = sorted({m for _, ms in probes for m, kind in ms if len(m) >= 3 and kind != "age"})
+    # (3+ characters; not a short run of digits such as 5/12 or 5.12, which a count in the job's output can hold)
+    mentions = sorted({m for _, ms in probes for m, kind in ms
+                       if len(m) >= 3 and kind != "age" and not re.fullmatch(r"[0-9./]{1,5}", m)})
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "cases", Path(tmp) / "out"
         (src / "part" / "b").mkdir(parents=True)
@@ -146,7 +149,7 @@ def test_hostile_case_text_in_a_nested_folder_reaches_no_output():
             "\n".join(json.dumps(c, ensure_ascii=False) for c in cases[4:]), encoding="utf-8")
         (src / "part" / "张伟的病历.txt").write_text(probes[0][0], encoding="utf-8")
         inputs = json.dumps(cases, ensure_ascii=False)
-        assert all(m in inputs for m in mentions) and len(mentions) >= 90  # control
+        assert all(m in inputs for m in mentions) and len(mentions) >= 120  # control
         texts = run_main_job(src, out, {**os.environ, "RAY_ADDRESS": ""})
         found = {name: [m for m in mentions if m in t] for name, t in texts.items()}
         assert {k: v for k, v in found.items() if v} == {}

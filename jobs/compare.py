@@ -32,7 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_turns < 2:
         ap.error("--max-turns must be at least 2")
     from mdd.publish.compare import format_table, run_compare
-    from mdd.storage import StorageError, is_write_error, open_store, run_lock, writable_error
+    from mdd.storage import (
+        StorageError,
+        is_write_error,
+        open_store,
+        run_lock,
+        writable_error,
+    )
 
     try:
         with run_lock(args.out, "compare", wait=args.wait, create=False):  # it writes compare.json and run.json

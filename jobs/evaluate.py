@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 from jobs import add_wait_flag
 
 

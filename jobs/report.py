@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+
 from jobs import add_wait_flag
 
 

@@ -43,8 +43,9 @@ import os
 import posixpath
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs

@@ -162,7 +162,7 @@ def test_duplicate_id_messages_name_the_jsonl_line_the_case_and_the_field(tmp_pa
     """JSONL: every message says "line N" (the line an editor shows; blank lines count), never a position."""
     f = tmp_path / "cases.jsonl"
     f.write_text("\n" + "\n\n".join(json.dumps(pa20, ensure_ascii=False) for _ in range(3)), encoding="utf-8")
-    cases, rejects = load_cases(f)
+    _, rejects = load_cases(f)
     assert [(r.line, r.position, r.field, r.case_id) for r in rejects] == [(4, 1, "患者", "1"), (6, 2, "患者", "1")]
     assert rejects[0].reason == "duplicate case id 1: already used at line 2 of cases.jsonl"
     assert "position" not in rejects[1].reason
@@ -194,8 +194,9 @@ def test_folders_are_read_recursively_and_other_files_are_rejects(tmp_path, pa20
     sources = sorted({s for s, *_ in read_records(tmp_path)[0]})
     assert sources[0] == "a.json" and "part/b/a.json" in sources
     assert any(s.startswith("dir-") and s.endswith("/cases.jsonl") for s in sources)
-    from mdd.cases import log_rejects
     import logging
+
+    from mdd.cases import log_rejects
     with caplog.at_level(logging.WARNING):
         log_rejects(rejects, logging.getLogger("t"))
     assert sum("not a case file" in m for m in caplog.messages) == 2  # one line each

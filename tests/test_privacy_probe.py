@@ -170,7 +170,7 @@ HELD_OUT_FIRST_TRY = (34, 38)
 
 
 def test_held_out_forms():
-    found, total, hits, good, missed, wrong = _measure_strict(HELD_OUT)
+    found, total, _, _, missed, wrong = _measure_strict(HELD_OUT)
     assert sum(total.values()) == HELD_OUT_FIRST_TRY[1]
     assert sum(found.values()) / sum(total.values()) >= HOSTILE_RECALL_MIN, missed
     assert found == total and wrong == [], (missed, wrong)  # 38/38 after the rules for the first try's misses
@@ -183,6 +183,6 @@ HELD_OUT_2_FIRST_TRY = (19, 31)
 
 
 def test_second_held_out_forms():
-    found, total, hits, good, missed, wrong = _measure_strict(HELD_OUT_2)
+    found, total, _, _, missed, wrong = _measure_strict(HELD_OUT_2)
     assert sum(total.values()) == HELD_OUT_2_FIRST_TRY[1]
     assert found == total and wrong == [], (missed, wrong)

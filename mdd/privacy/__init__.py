@@ -167,7 +167,7 @@ _DATES = (
     re.compile(rf"(?<![0-9])({_YM})(?=\s*[，,]?\s*(?:在|于|到|来)?[^，。；]{{0,8}}{_VISIT})"),
     re.compile(rf"(?:{_VISIT}(?:日期|时间)|日期|时间)[：:\s为是]*({_YM})"),
     re.compile(_COMPACT),
-    re.compile(rf"(?<![0-9])((?:1[89][0-9]{{2}}|20[0-9]{{2}}|[0-9]{{2}})\s*年)(?=\s*(?:出生|生人|生(?:[，,。；;\s]|$)))"),
+    re.compile(r"(?<![0-9])((?:1[89][0-9]{2}|20[0-9]{2}|[0-9]{2})\s*年)(?=\s*(?:出生|生人|生(?:[，,。；;\s]|$)))"),
 )
 # 5.12入院, 5/12在我院门诊就诊: a month and day right before a visit word, written in digits (so the numbered
 # list "3.一周后复诊" and doses "2/3量，复诊时" stay)

@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from jobs import add_wait_flag
 from mdd.errors import entry_point
 
 
@@ -30,9 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(one generate call per record, a second one told the failed rules)")
     s.add_argument("--config", default="configs/local.yaml", help="with --writer engine: the run config whose "
                    "engine writes (scripted, vllm, openai)")
+    add_wait_flag(s)
     c = sub.add_parser("check", help="run the clinical consistency checker over a case file or folder")
     c.add_argument("path", help="cases file or folder (JSON array, JSONL or Parquet)")
     c.add_argument("--out", required=True, help="output folder for rejects.parquet")
+    add_wait_flag(c)
     return p
 
 
@@ -119,7 +122,13 @@ def check(args: argparse.Namespace) -> int:
 @entry_point("cases")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return synthesize(args) if args.command == "synthesize" else check(args)
+    from mdd.storage import StorageError, run_lock
+
+    try:
+        with run_lock(args.out, f"cases {args.command}", wait=args.wait):  # one writer of --out at a time
+            return synthesize(args) if args.command == "synthesize" else check(args)
+    except StorageError as exc:
+        return _error(str(exc))
 
 
 if __name__ == "__main__":

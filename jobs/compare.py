@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs import add_wait_flag
 from mdd.errors import entry_point
 
 
@@ -28,15 +29,17 @@ def main(argv: list[str] | None = None) -> int:
                     "(a seeded sample)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no table on the console")
+    add_wait_flag(ap)
     args = ap.parse_args(argv)
     if args.max_turns < 2:
         ap.error("--max-turns must be at least 2")
     from mdd.publish.compare import format_table, run_compare
-    from mdd.storage import is_write_error, open_store, writable_error
+    from mdd.storage import is_write_error, open_store, run_lock, writable_error
 
     try:
-        report = run_compare(args.out, args.reference, embedder=args.embedder, max_turns=args.max_turns,
-                             seed=args.seed)
+        with run_lock(args.out, "compare", wait=args.wait, create=False):  # it writes compare.json and run.json
+            report = run_compare(args.out, args.reference, embedder=args.embedder, max_turns=args.max_turns,
+                                 seed=args.seed)
     except OSError as exc:
         if not is_write_error(exc):
             if isinstance(exc, FileNotFoundError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs import add_wait_flag
 from mdd.errors import MddError, entry_point
 
 
@@ -31,8 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--full", action="store_true", help="evaluate every shard again and refit the IDF (default: "
                     "only shards not yet evaluated with this evaluator, eval/state.json)")
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
-                    "to finish (default: exit 2 naming it)")
+    add_wait_flag(ap)
     return ap
 
 

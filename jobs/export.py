@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs import add_wait_flag
 from mdd.errors import entry_point
 
 
@@ -22,8 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", help="eval/dialogues column for --min-quality (default: overall)")
     p.add_argument("--min-rule-pass", type=float, help="keep dialogues that passed this share of their triggered rules")
     p.add_argument("--mask-below", type=float, help="doctor turns whose doctor_quality is below this get weight 0")
-    p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
-                   "to finish (default: exit 2 naming it)")
+    add_wait_flag(p)
     return p
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from jobs import add_wait_flag
 from mdd.errors import entry_point
 from mdd.mdd5k import read_mdd5k
 from mdd.schema import DIALOGUE, REJECT
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labels", help="folder of patient_N_label.json (flat layout)")
     ap.add_argument("--out", required=True, help="output root; writes OUT/synth/mdd5k-*.parquet")
     ap.add_argument("--shard-size", type=int, default=1000)
+    add_wait_flag(ap)
     args = ap.parse_args(argv)
     if args.src:
         src = Path(args.src)
@@ -63,9 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --src SRC or --dialogues DIR [--labels DIR]")
     if args.shard_size < 1:
         ap.error("--shard-size must be >= 1")
+    from mdd.storage import StorageError, run_lock
+
     try:
-        counts = import_mdd5k(dialogues, labels, args.out, shard_size=args.shard_size)
-    except FileNotFoundError as exc:
+        with run_lock(args.out, "import-mdd5k", wait=args.wait):
+            counts = import_mdd5k(dialogues, labels, args.out, shard_size=args.shard_size)
+    except (FileNotFoundError, StorageError) as exc:
         print(f"import-mdd5k: {exc}", file=sys.stderr)
         return 2
     print(

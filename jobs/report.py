@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from jobs import add_wait_flag
 from mdd.errors import entry_point
 
 
@@ -18,8 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run folder (default: synth.out of the config)")
     p.add_argument("--reference", default=None, help="dialogue table to compare with (a run folder or Parquet, e.g. "
                    "the output of jobs.import_mdd5k); default: publish.reference, else the published MDD-5k figures")
-    p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
-                   "to finish (default: exit 2 naming it)")
+    add_wait_flag(p)
     return p
 
 

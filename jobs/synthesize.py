@@ -10,6 +10,7 @@ import sys
 
 from mdd.errors import entry_point
 from mdd import signals
+from jobs import add_wait_flag
 from mdd.config import load_config
 
 
@@ -45,8 +46,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "the default), whatever made them (always), or refuse any (never)")
     p.add_argument("--strict", action="store_true", help="exit 3 when the run is partial (reject rows or failed dialogues)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--wait", action="store_true", help="when another mdd run is writing the same --out, wait for it "
-                   "to finish (default: exit 2 naming it)")
+    add_wait_flag(p)
     p.add_argument("--allow-mixed-sources", action="store_true",
                    help="run synthetic and real (or unstated) cases together; without it (or synth.allow_mixed_sources) "
                         "such a case set is refused with exit 2")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs import add_wait_flag
 from mdd.errors import entry_point
 
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"label permutations of the shuffled control (default {U.DEFAULT_PERMUTATIONS})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no table on the console")
+    add_wait_flag(ap)
     args = ap.parse_args(argv)
     if args.bootstrap < 0:
         ap.error("--bootstrap must be >= 0")
@@ -50,9 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     s = U.Settings(model=args.model, seed=args.seed, n_boot=args.bootstrap, folds=args.folds,
                    permutations=args.permutations)
+    from mdd.storage import StorageError, run_lock
+
     try:
-        report = U.run_utility(args.out, args.reference, s)
-    except (FileNotFoundError, ValueError) as exc:
+        with run_lock(args.out, "utility", wait=args.wait, create=False):  # it writes utility.json and run.json
+            report = U.run_utility(args.out, args.reference, s)
+    except (FileNotFoundError, ValueError, StorageError) as exc:
         print(f"utility: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:

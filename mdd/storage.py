@@ -43,8 +43,9 @@ import os
 import posixpath
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -524,6 +525,54 @@ def dialogue_shards(store: Store, *, quarantine: bool) -> tuple[dict[str, list[s
         except (OSError, pa.ArrowException) as exc:
             moved.append(_corrupt(store, rel, exc, quarantine))
     return shards, moved
+
+
+def duplicate_rows(shards: dict[str, list[str]]) -> dict[str, list[int]]:
+    """Per shard (from :func:`dialogue_shards`), the rows whose dialogue id an earlier row already
+    has, shards in name order: the rows every reader skips. An output written by two runs at once
+    before the run lock, or by an older version, can hold a dialogue twice; each id is read once."""
+    seen: set[str] = set()
+    out: dict[str, list[int]] = {}
+    for name in sorted(shards):
+        dup = []
+        for i, d in enumerate(shards[name]):
+            if d in seen:
+                dup.append(i)
+            seen.add(d)
+        if dup:
+            out[name] = dup
+    return out
+
+
+def without_rows(table: pa.Table, rows: Sequence[int]) -> pa.Table:
+    """``table`` without the rows at ``rows`` (positions)."""
+    if not rows:
+        return table
+    import numpy as np
+
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[list(rows)] = False
+    return table.filter(pa.array(keep))
+
+
+def first_rows(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, int]:
+    """``table`` without the rows whose ``keys`` an earlier row already has, and how many were dropped."""
+    if table.num_rows == 0 or any(k not in table.column_names for k in keys):
+        return table, 0
+    import numpy as np
+
+    idx = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    firsts = (pa.table({**{k: table.column(k) for k in keys}, "__row": idx})
+              .group_by(list(keys), use_threads=False).aggregate([("__row", "min")]).column("__row_min"))
+    if len(firsts) == table.num_rows:
+        return table, 0
+    return table.take(pa.array(np.sort(firsts.to_numpy()))), table.num_rows - len(firsts)
+
+
+def log_duplicates(where: str, n: int) -> None:
+    if n:
+        log.warning("%s: %d row(s) repeat a dialogue id an earlier row has (an output written twice at once, "
+                    "before the run lock): each dialogue is read once", where, n)
 
 
 def _corrupt(store: Store, rel: str, exc: BaseException, quarantine: bool) -> dict[str, str]:

@@ -156,3 +156,81 @@ def test_sample_cases_cover_the_field():
     assert min(c.age for c in cases) <= 15 and max(c.age for c in cases) > 60
     assert {c.gender for c in cases} == {"男", "女"}
     assert not any(c.masked for c in cases)
+
+
+def test_duplicate_id_messages_name_the_jsonl_line_the_case_and_the_field(tmp_path, pa20):
+    """JSONL: every message says "line N" (the line an editor shows; blank lines count), never a position."""
+    f = tmp_path / "cases.jsonl"
+    f.write_text("\n" + "\n\n".join(json.dumps(pa20, ensure_ascii=False) for _ in range(3)), encoding="utf-8")
+    _, rejects = load_cases(f)
+    assert [(r.line, r.position, r.field, r.case_id) for r in rejects] == [(4, 1, "患者", "1"), (6, 2, "患者", "1")]
+    assert rejects[0].reason == "duplicate case id 1: already used at line 2 of cases.jsonl"
+    assert "position" not in rejects[1].reason
+    g = tmp_path / "sample.json"  # a JSON array has no lines: positions there
+    g.write_text(json.dumps([pa20, pa20], ensure_ascii=False), encoding="utf-8")
+    assert load_cases(g)[1][0].reason == "duplicate case id 1: already used at position 0 of sample.json"
+
+
+def test_folders_are_read_recursively_and_other_files_are_rejects(tmp_path, pa20, caplog):
+    (tmp_path / "part" / "b").mkdir(parents=True)
+    (tmp_path / "a.json").write_text(json.dumps([dict(pa20, 患者="A1")], ensure_ascii=False), encoding="utf-8")
+    (tmp_path / "part" / "b" / "a.json").write_text(json.dumps([dict(pa20, 患者="B1")], ensure_ascii=False),
+                                                    encoding="utf-8")
+    (tmp_path / "张伟").mkdir()
+    (tmp_path / "张伟" / "cases.jsonl").write_text(json.dumps(dict(pa20, 患者="C1"), ensure_ascii=False),
+                                                   encoding="utf-8")
+    (tmp_path / "part" / "notes.txt").write_text("患者张伟的电话13812345678", encoding="utf-8")
+    (tmp_path / "README").write_text("x", encoding="utf-8")
+    cases, rejects = load_cases(tmp_path)
+    assert sorted(c.case_id for c in cases) == ["A1", "B1", "C1"]
+    assert len(rejects) == 2
+    by_reason = {r.reason: r for r in rejects}
+    assert set(by_reason) == {"not a case file (extension '.txt'; accepted: .json, .jsonl, .parquet)",
+                              "not a case file (no extension; accepted: .json, .jsonl, .parquet)"}
+    assert {(r.position, r.field, r.case_id) for r in rejects} == {(-1, "(file)", None)}
+    assert all("张伟" not in r.source and "notes" not in r.source and "13812345678" not in r.source for r in rejects)
+    # two files named a.json in two folders keep distinct labels; a folder named after a person is hashed
+    from mdd.cases import read_records
+    sources = sorted({s for s, *_ in read_records(tmp_path)[0]})
+    assert sources[0] == "a.json" and "part/b/a.json" in sources
+    assert any(s.startswith("dir-") and s.endswith("/cases.jsonl") for s in sources)
+    import logging
+
+    from mdd.cases import log_rejects
+    with caplog.at_level(logging.WARNING):
+        log_rejects(rejects, logging.getLogger("t"))
+    assert sum("not a case file" in m for m in caplog.messages) == 2  # one line each
+
+
+def test_a_folder_of_other_files_only_names_them(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "cases.csv").write_text("a,b", encoding="utf-8")
+    with pytest.raises(CaseFileError, match=r"no case files .* or its subfolders \(1 other file"):
+        load_cases(tmp_path)
+
+
+def test_ten_thousand_identical_cases_give_a_few_log_lines_and_every_row(tmp_path, pa20, caplog):
+    import logging
+
+    from mdd.cases import log_rejects
+
+    f = tmp_path / "records.jsonl"
+    f.write_text("\n".join([json.dumps(pa20, ensure_ascii=False)] * 10_000), encoding="utf-8")
+    from mdd.cases import Reject, read_records, validate_records
+    records, _ = read_records(f)
+    assert len(records) == 10_000
+    # validating costs ~20 ms a case (the tagger): 200 real ones, and the reject rows of the other 9,800 as
+    # validate_records writes them (same source, field and reason, each its own line)
+    cases, rejects = validate_records(records[:200])
+    assert len(cases) == 1 and len(rejects) == 199 and {r.field for r in rejects} == {"患者"}
+    rejects += [Reject(r.source, i, r.case_id, r.field, rejects[0].reason, i + 1)
+                for i, r in ((i, rejects[0]) for i in range(200, 10_000))]
+    assert len({r.line for r in rejects}) == 9_999  # every reject keeps its row
+    bad = [Reject("records.jsonl", i, None, "年龄", "missing", i + 1) for i in range(50)]
+    with caplog.at_level(logging.WARNING):
+        counts = log_rejects(rejects + bad, logging.getLogger("t"))
+    assert len(caplog.messages) == 3 + 1 + 3 + 1  # three of each kind, then one summary line per kind
+    assert caplog.messages[-2] == "... and 9996 more of kind '患者: duplicate case id ID: already used at line N of " \
+                                  "records.jsonl' (see rejects.parquet)"
+    assert caplog.messages[-1].startswith("... and 47 more of kind '年龄: missing'")
+    assert sorted(counts.values()) == [50, 9_999]

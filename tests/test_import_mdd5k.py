@@ -34,7 +34,9 @@ def test_flat_layout_imports_every_dialogue_once(tmp_path, capsys):
     assert r["icd_code"] == "F32.901" and r["diagnosis"] == "抑郁状态"
     assert r["topics"] == []
     conv = json.loads((MDD5K / "dialogues" / "patient_1.json").read_text(encoding="utf-8"))[0]["conversation"]
-    assert r["turns"][0] == {"speaker": "doctor", "text": conv[0]["doctor"].strip(), "topic": None,
+    # imported text is de-identified: the released doctor introduces herself as 张医生 (a name with a title)
+    assert "张医生" in conv[0]["doctor"]
+    assert r["turns"][0] == {"speaker": "doctor", "text": conv[0]["doctor"].strip().replace("张医生", "某医生"), "topic": None,
                              "grounding": None,  # no record behind an imported turn
                              "exemplars": None}  # nor exemplars
     assert r["n_exchanges"] == sum(1 for ex in conv if ex.get("doctor") and ex.get("patient"))

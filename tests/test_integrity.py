@@ -337,3 +337,97 @@ def test_a_bad_flag_value_is_blamed_on_the_flag_not_the_config_file(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "invalid command line: " + flag in err and "local.yaml" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+# every command that writes under an output folder, as a new user runs it; search only reads (tested above)
+WRITERS = {
+    "compare": lambda out, ref: ["compare", "--out", str(out), "--reference", str(ref), "--quiet"],
+    "utility": lambda out, ref: ["utility", "--out", str(out), "--reference", str(ref), "--quiet"],
+    "import-mdd5k": lambda out, ref: ["import-mdd5k", "--dialogues", str(ref), "--out", str(out)],
+    "cases synthesize": lambda out, ref: ["cases", "synthesize", "--n", "2", "--out", str(out)],
+    "cases check": lambda out, ref: ["cases", "check", str(ROOT / "data" / "cases"), "--out", str(out)],
+}
+
+
+def test_every_command_that_writes_under_out_takes_the_lock(tmp_path):
+    """A second writer of one --out, whatever the command, exits 2 with one line naming the holder and
+    writes nothing; every command that writes under --out offers --wait (and run, synthesize, evaluate,
+    report, export are tested above)."""
+    from mdd.cli import COMMANDS
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        for name, argv in WRITERS.items():
+            r = _mdd(*argv(out, ROOT.parent / "shared" / "mdd5k"))
+            assert r.returncode == 2, (name, r.stderr[-2000:])
+            line = _one_line(r.stderr)
+            assert f"pid {proc.pid}" in line and "synthesize" in line and "--wait" in line, (name, line)
+            assert sorted(p.name for p in out.iterdir()) == before, name
+    finally:
+        proc.kill()
+        proc.wait()
+    for name, argv in WRITERS.items():
+        r = _mdd(*argv(out, out)[:2 if name.startswith("cases") else 1], "--help")
+        assert r.returncode == 0 and "--wait" in r.stdout, name
+    assert {n for n in COMMANDS if "run_lock(" in (ROOT / (COMMANDS[n][0].replace(".", "/") + ".py")).read_text(
+        encoding="utf-8")} == {"synthesize", "evaluate", "run", "report", "export", "compare", "utility",
+                               "import-mdd5k", "cases"}
+
+
+def test_duplicate_rows_and_first_rows():
+    import pyarrow as pa
+
+    assert storage.duplicate_rows({"b": ["x", "y", "x"], "a": ["y", "z"]}) == {"b": [1, 2]}
+    t = pa.table({"dialogue_id": ["a", "b", "a", "c", "b"], "turn": [0, 0, 0, 0, 1]})
+    one, n = storage.first_rows(t, ["dialogue_id"])
+    assert one.column("dialogue_id").to_pylist() == ["a", "b", "c"] and n == 2
+    two, n = storage.first_rows(t, ["dialogue_id", "turn"])
+    assert two.column("turn").to_pylist() == [0, 0, 0, 1] and n == 1
+    assert storage.without_rows(t, [0, 4]).column("dialogue_id").to_pylist() == ["b", "a", "c"]
+
+
+def test_dialogue_ids_duplicated_on_disk_by_an_older_run_are_read_once(run_copy, caplog):
+    """An output that already holds a dialogue twice (two runs at once before the lock, or an older
+    version): evaluate, the index, export and report each carry every dialogue id once, and say how
+    many rows they skipped."""
+    import logging
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.evaluate import main as evaluate_main
+    from jobs.export import main as export_main
+    from jobs.report import main as report_main
+
+    out = run_copy
+    shards = sorted((out / "synth").glob("*.parquet"))
+    n = pl.read_parquet(out / "synth" / "*.parquet")["dialogue_id"].n_unique()
+    whole = pq.read_metadata(shards[0]).num_rows
+    shutil.copy(shards[0], out / "synth" / "zz-older-run.parquet")  # a whole shard again
+    t = pq.read_table(shards[-1])
+    pq.write_table(pa.concat_tables([t, t.slice(0, 1)]), shards[-1])  # and one row twice within a shard
+    copies = pl.read_parquet(out / "synth" / "*.parquet").height - n
+    assert copies == whole + 1
+    config = str(ROOT / "configs" / "local.yaml")
+    with caplog.at_level(logging.WARNING, logger="mdd.storage"):
+        assert evaluate_main(["--config", config, "--out", str(out), "--quiet"]) == 0
+        assert export_main(["--out", str(out), "--format", "sharegpt"]) == 0
+        assert report_main(["--config", config, "--out", str(out)]) == 0
+    said = [m for m in caplog.messages if "repeat a dialogue id" in m]
+    assert said and f": {copies} row(s) repeat" in said[0], caplog.messages
+    for folder in ("eval/dialogues", "eval/turns", "eval/rules"):
+        df = pl.read_parquet(out / folder / "*.parquet")
+        key = {"eval/dialogues": ["dialogue_id"], "eval/turns": ["dialogue_id", "turn"],
+               "eval/rules": ["dialogue_id", "rule"]}[folder]
+        assert df.select(key).is_duplicated().sum() == 0, folder
+        assert df["dialogue_id"].n_unique() == n, folder
+    assert pl.read_parquet(out / "eval" / "dialogues" / "*.parquet").height == n
+    exported = [json.loads(x) for x in (out / "export" / "sharegpt.jsonl").read_text(encoding="utf-8").splitlines()]
+    ids = [r.get("id") or r.get("dialogue_id") for r in exported]
+    assert len(ids) == len(set(ids)) and None not in ids
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert run["evaluate"]["dialogues"] == n

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,18 @@ def output_text(out: Path) -> dict[str, str]:
                 ensure_ascii=False)
         else:
             texts[str(f)] = f.read_bytes().decode("utf-8", errors="replace")
+    return texts
+
+
+def run_main_job(src: Path, out: Path, env: dict[str, str]) -> dict[str, str]:
+    """``jobs.run`` (scripted engine, one variant) on ``src`` into ``out``: every output file as text
+    (``output_text``) and the job's stdout and stderr."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(src),
+                           "--out", str(out), "--variants", "1", "--no-progress"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    texts = output_text(out)
+    texts["<stdout>"], texts["<stderr>"] = proc.stdout, proc.stderr
     return texts
 
 
@@ -90,12 +103,7 @@ def test_no_personal_datum_reaches_any_output_or_the_log(generated):
         assert leaks(inputs, data) == data  # control: the scanner finds every datum in the input
         env = {**os.environ, "RAY_ADDRESS": ""}
         env.pop("MDD_PRIVACY_KEY", None)
-        proc = subprocess.run([sys.executable, "-m", "jobs.run", "--config", "configs/local.yaml", "--cases", str(src),
-                               "--out", str(out), "--variants", "1", "--no-progress"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        texts = output_text(out)
-        texts["<stdout>"], texts["<stderr>"] = proc.stdout, proc.stderr
+        texts = run_main_job(src, out, env)
         found = {name: [d.text for d in leaks(t, data)] for name, t in texts.items()}
         assert {k: v for k, v in found.items() if v} == {}
 
@@ -111,3 +119,45 @@ def test_no_personal_datum_reaches_any_output_or_the_log(generated):
         masked = run["personal_data_masked"]
         assert sum(k.startswith("anon-") for k in masked) == sum(i.startswith("anon-") for i in ids)
         assert all(":" in m for v in masked.values() for m in v)
+
+
+def test_hostile_case_text_in_a_nested_folder_reaches_no_output():
+    """The labelled forms of tests/privacy_probe.py (HOSTILE, HELD_OUT, HELD_OUT_2: names with titles, pinyin names,
+    administrative chains, estates, schools, employers, units, URLs, postcodes, dates in every form, ages
+    in Chinese numerals) written into the sample cases' free text, in a cases folder with a subfolder and
+    a file of another extension: the main job runs; no mention of 3+ characters is in any file under OUT
+    or in the job's output; every age is in tens; the other file is a reject row."""
+    from privacy_probe import HELD_OUT, HELD_OUT_2, HOSTILE
+
+    base = json.loads(SAMPLES.read_text(encoding="utf-8"))
+    probes = HOSTILE + HELD_OUT + HELD_OUT_2
+    cases = [copy.deepcopy(c) for c in base[:N_CASES]]
+    for i, (text, _) in enumerate(probes):
+        c = cases[i % N_CASES]
+        if i % 3 == 0 and isinstance(c.get("个人史"), dict):
+            c["个人史"][f"补充{i}"] = text
+        else:
+            c["现病史"] = c["现病史"] + text
+    # (3+ characters; not a short run of digits such as 5/12 or 5.12, which a count in the job's output can hold)
+    mentions = sorted({m for _, ms in probes for m, kind in ms
+                       if len(m) >= 3 and kind != "age" and not re.fullmatch(r"[0-9./]{1,5}", m)})
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "cases", Path(tmp) / "out"
+        (src / "part" / "b").mkdir(parents=True)
+        (src / "cases.json").write_text(json.dumps(cases[:4], ensure_ascii=False), encoding="utf-8")
+        (src / "part" / "b" / "cases.jsonl").write_text(
+            "\n".join(json.dumps(c, ensure_ascii=False) for c in cases[4:]), encoding="utf-8")
+        (src / "part" / "张伟的病历.txt").write_text(probes[0][0], encoding="utf-8")
+        inputs = json.dumps(cases, ensure_ascii=False)
+        assert all(m in inputs for m in mentions) and len(mentions) >= 120  # control
+        texts = run_main_job(src, out, {**os.environ, "RAY_ADDRESS": ""})
+        found = {name: [m for m in mentions if m in t] for name, t in texts.items()}
+        assert {k: v for k, v in found.items() if v} == {}
+        assert pq.read_table(out / "synth").num_rows == N_CASES
+        for table, col in (("cases.parquet", "age"), ("synth", "age")):
+            ages = pq.read_table(out / table).column(col).to_pylist()
+            assert ages and all(a % 10 == 0 for a in ages), (table, ages)
+        rejects = pq.read_table(out / "rejects.parquet").to_pylist()
+        other = [r for r in rejects if r["field"] == "(file)"]
+        assert len(other) == 1 and "extension '.txt'" in other[0]["reason"] and "张伟" not in other[0]["source"]
+        assert "not a case file" in texts["<stderr>"]

@@ -12,6 +12,8 @@ ever quotes an input value (it names the kind of value instead).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,25 +173,35 @@ Record = tuple[str, int, Any, "int | None"]  # (source file, position in the fil
 def read_records(path: str | Path, deid: privacy.Deidentifier | None = None) -> tuple[list[Record], list[Reject]]:
     """Raw records, and the file- and line-level problems met while reading them.
 
-    ``path`` is a file (JSON array, JSON object, JSONL, Parquet) or a folder of them. A JSONL
-    line that is not JSON is a line-level reject (the other lines go on); a file that cannot be
-    read at all is a file-level reject (position -1; the folder's other files go on). Only a
-    path that is neither a file nor a folder of case files raises :class:`CaseFileError`.
+    ``path`` is a file (JSON array, JSON object, JSONL, Parquet) or a folder of them, read with its
+    subfolders. A JSONL line that is not JSON is a line-level reject (the other lines go on); a
+    file that cannot be read at all, or a file in the folder with another extension, is a
+    file-level reject (position -1, field ``(file)``; the folder's other files go on). Only a path
+    that is neither a file nor a folder holding a case file raises :class:`CaseFileError`.
     """
     deid = deid or privacy.default()
     p = Path(path)
+    out: list[Record] = []
+    rejects: list[Reject] = []
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix.lower() in CASE_SUFFIXES and f.is_file())
+        found = _folder_files(p)
+        files = [f for f in found if f.suffix.lower() in CASE_SUFFIXES]
+        for f in found:  # every other file is reported, never skipped in silence
+            if f.suffix.lower() not in CASE_SUFFIXES:
+                what = (f"extension {f.suffix.lower()!r}" if _SHOWN_SUFFIX.fullmatch(f.suffix.lower())
+                        else "an unusual extension" if f.suffix else "no extension")
+                rejects.append(Reject(deid.source(f, root=p), -1, None, "(file)",
+                                      f"not a case file ({what}; accepted: {', '.join(CASE_SUFFIXES)})"))
         if not files:
-            raise CaseFileError(f"{deid.source(p)}: no case files (*.json, *.jsonl, *.parquet) in this folder")
+            others = f" ({len(found)} other file(s) reported as rejects)" if found else ""
+            raise CaseFileError(f"{deid.source(p)}: no case files (*.json, *.jsonl, *.parquet) in this folder or "
+                                f"its subfolders{others}")
     elif p.is_file():
         files = [p]
     else:
         raise CaseFileError(f"{deid.source(p)}: no such file or folder")
-    out: list[Record] = []
-    rejects: list[Reject] = []
     for f in files:
-        source = deid.source(f)
+        source = deid.source(f, root=p if p.is_dir() else None)
         try:
             for position, (rec, line) in enumerate(_read_file(f)):
                 if isinstance(rec, _BadLine):
@@ -199,6 +211,19 @@ def read_records(path: str | Path, deid: privacy.Deidentifier | None = None) -> 
         except CaseFileError as exc:
             rejects.append(Reject(source, -1, None, "(file)", str(exc)))
     return out, rejects
+
+
+_SHOWN_SUFFIX = re.compile(r"\.[a-z][a-z0-9]{0,4}")  # .txt, .csv, .xlsx: an extension named in a reason
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """Every file under ``folder``, subfolders included (symlinked folders are not followed, so a
+    link loop cannot hang a run), in a stable order."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        found += [Path(dirpath) / n for n in sorted(filenames)]
+    return [f for f in found if f.is_file()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +439,7 @@ def validate_records(records: Iterable[Record],
     deid = deid or privacy.default()
     cases: list[Case] = []
     rejects: list[Reject] = []
-    seen: dict[str, tuple[str, int]] = {}
+    seen: dict[str, tuple[str, int, int | None]] = {}
     for source, position, rec, line in records:
         case, problems = validate_record(rec, source, position, deid, line)
         if case is None:
@@ -423,12 +448,47 @@ def validate_records(records: Iterable[Record],
         if case.case_id in seen:
             first = seen[case.case_id]
             rejects.append(Reject(privacy.mask(source), position, case.case_id, "患者",
-                                  f"duplicate case id: already used at position {first[1]} of {privacy.mask(first[0])}",
-                                  line))
+                                  f"duplicate case id {case.case_id}: already used at {where(first[1], first[2])} of "
+                                  f"{privacy.mask(first[0])}", line))
             continue
-        seen[case.case_id] = (source, position)
+        seen[case.case_id] = (source, position, line)
         cases.append(case)
     return cases, rejects
+
+
+def where(position: int, line: int | None) -> str:
+    """Where a record is, as every message says it: ``line N`` in a JSONL file (the line number an
+    editor shows), ``position N`` (0-based, in the array or table) otherwise, ``the file`` for -1."""
+    if line is not None:
+        return f"line {line}"
+    return "the file" if position < 0 else f"position {position}"
+
+
+_NUMBER = re.compile(r"[0-9][0-9,]*")
+
+
+def reject_kind(r: Reject) -> str:
+    """A reject's kind: its field and its reason with the numbers and the case id left out (10,000
+    copies of one case give one kind: a duplicate case id)."""
+    reason = r.reason.replace(f"case id {r.case_id}", "case id ID") if r.case_id else r.reason
+    return f"{r.field}: {_NUMBER.sub('N', reason)}"
+
+
+def log_rejects(rejects: list[Reject], logger: logging.Logger, first: int = 3) -> dict[str, int]:
+    """One warning for each of the first ``first`` rejects of a kind (:func:`reject_kind`), then one
+    summary line per kind for the rest (every reject keeps its row in rejects.parquet). Returns the
+    count per kind."""
+    counts: dict[str, int] = {}
+    for r in rejects:
+        k = reject_kind(r)
+        counts[k] = counts.get(k, 0) + 1
+        if counts[k] <= first:
+            logger.warning("rejected case %s (%s, %s): %s: %s", r.case_id, r.source, where(r.position, r.line),
+                           r.field, r.reason)
+    for k, n in counts.items():
+        if n > first:
+            logger.warning("... and %d more of kind %r (see rejects.parquet)", n - first, k)
+    return counts
 
 
 def load_cases(path: str | Path, deid: privacy.Deidentifier | None = None) -> tuple[list[Case], list[Reject]]:

@@ -154,9 +154,11 @@ def read_state(store: Store) -> dict[str, Any] | None:
 
 
 def plan(store: Store, cfg: Any, faith_mode: str, per_batch: int, shard_ids: dict[str, list[str]],
-         full: bool = False) -> Plan:
+         full: bool = False, skip: dict[str, list[int]] | None = None) -> Plan:
     """What this run evaluates: every shard, or only those the state does not hold with this
-    fingerprint (and whose tables are all present)."""
+    fingerprint (and whose tables are all present, with the same rows skipped as repeated ids:
+    ``skip``, from ``storage.duplicate_rows``)."""
+    skip = skip or {}
     from mdd.evaluate.streaming import TABLES, output_name
 
     ev = cfg.evaluate
@@ -190,6 +192,7 @@ def plan(store: Store, cfg: Any, faith_mode: str, per_batch: int, shard_ids: dic
     for s in shards:
         entry = prev["shards"].get(s)
         if (entry and prev.get("fingerprint") == fp and entry.get("bytes") == sizes.get(s)
+                and entry.get("skipped", []) == skip.get(s, [])
                 and all(output_name(s) in present[t] for t in TABLES)):
             keep[s] = entry
         else:

@@ -28,7 +28,8 @@ from mdd.evaluate.coverage import format_coverage
 from mdd.evaluate.rule_set import checklist_item
 from mdd.evaluate.scoring import DIALOGUE_COLUMNS, load_records
 from mdd.evaluate.validity import format_validity
-from mdd.storage import SYNTH, Store, describe_error, dialogue_shards, open_store
+from mdd.storage import (SYNTH, Store, describe_error, dialogue_shards, duplicate_rows, log_duplicates, open_store,
+                         without_rows)
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +82,14 @@ def run_evaluate(cfg: Any, out_dir: str | Path | Store, quiet: bool = False, ful
     shards, _ = dialogue_shards(out, quarantine=False)
     if not shards:
         raise FileNotFoundError(f"{out.display(SYNTH)}: no dialogue shards (*.parquet) to evaluate")
+    skip = duplicate_rows(shards)  # an id written twice by an older run is evaluated once
+    log_duplicates(out.display(SYNTH), sum(len(v) for v in skip.values()))
+    shards = {name: [d for i, d in enumerate(ids) if i not in set(skip.get(name, ()))] for name, ids in shards.items()}
+    shards = {name: ids for name, ids in shards.items() if ids}  # a shard that only repeats: nothing to evaluate
 
     init_ray(cfg.ray)
     with out.staged("evaluate", ("eval", "index")) as staging:
-        summary = _run(cfg, out, shards, staging.out, t0, full)
+        summary = _run(cfg, out, shards, staging.out, t0, full, skip)
         staging.run_json["evaluate"] = summary
     if not quiet:
         print(format_summary(summary))
@@ -95,7 +100,8 @@ def _faith_mode(ev: Any) -> str:
     return ev.faithfulness if ev.faithfulness != "auto" else ("llm" if ev.judge == "llm" else "record")
 
 
-def _run(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, t0: float, full: bool) -> dict:
+def _run(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, t0: float, full: bool,
+         skip: dict[str, list[int]]) -> dict:
     """Reads ``out``'s shards, writes every output to ``dst`` (the staging area)."""
     judge_engine = None
     if _faith_mode(cfg.evaluate) == "llm":
@@ -103,7 +109,7 @@ def _run(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, t0: flo
 
         judge_engine = launch_engine(cfg.engine_for("judge"))  # roles.judge with named engines
     try:
-        return _evaluate(cfg, out, shards, dst, judge_engine, t0, full)
+        return _evaluate(cfg, out, shards, dst, judge_engine, t0, full, skip)
     finally:
         if judge_engine is not None:
             try:
@@ -113,14 +119,14 @@ def _run(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, t0: flo
 
 
 def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, judge_engine: Any, t0: float,
-              full: bool) -> dict:
+              full: bool, skip: dict[str, list[int]]) -> dict:
     from mdd.index.embedders import is_gpu_embedder
 
     ev = cfg.evaluate
     faith_mode = _faith_mode(ev)
     n_cpu, n_gpu = _cluster()
     per_batch = max(2, ev.batch_size // EXCHANGES_PER_DIALOGUE)
-    plan = incremental.plan(out, cfg, faith_mode, per_batch, shards, full=full)
+    plan = incremental.plan(out, cfg, faith_mode, per_batch, shards, full=full, skip=skip)
     log.info("evaluate: %s", plan.reason)
     scorer_kwargs = {
         "threshold": ev.threshold,
@@ -144,9 +150,10 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
         plan.todo, workers, 1 if gpu else None, src=out, dst=dst, columns=DIALOGUE_COLUMNS, per_batch=per_batch,
         scorer_kwargs=scorer_kwargs, embedder=ev.embedder, embedder_model=ev.embedder_model,
         rule_sets=tuple(ev.rule_sets), judge=ev.judge, engine_cfg=cfg.engine_for("judge"),
-        metadata={incremental.FINGERPRINT_KEY: plan.fingerprint}, index_cfg=ev.index)
+        metadata={incremental.FINGERPRINT_KEY: plan.fingerprint}, index_cfg=ev.index, skip=skip)
     sizes = out.file_sizes(SYNTH)
-    entries = {**plan.keep, **{s: {"bytes": sizes.get(s), "partial": p} for s, p in new.items()}}
+    entries = {**plan.keep, **{s: {"bytes": sizes.get(s), "partial": p, **({"skipped": skip[s]} if s in skip else {})}
+                               for s, p in new.items()}}
     t_metrics = time.perf_counter()
 
     total = aggregate.merge(entries[s]["partial"] for s in sorted(entries))
@@ -155,7 +162,7 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
     dst.write_table(plan.idf.table(), incremental.IDF_FILE)
     dst.write_json(incremental.STATE_FILE, plan.state(entries))
 
-    validity = _validity(cfg, out, dst, shards, scorer_kwargs, per_batch)
+    validity = _validity(cfg, out, dst, shards, scorer_kwargs, per_batch, skip)
 
     # FAISS index of the high-quality pairs, from the shards' pairs tables, built in a worker
     from mdd.index import build_from_pairs
@@ -187,8 +194,8 @@ def _evaluate(cfg: Any, out: Store, shards: dict[str, list[str]], dst: Store, ju
     }
 
 
-def _validity(cfg: Any, out: Store, dst: Store, shards: dict[str, list[str]], scorer_kwargs: dict, per_batch: int
-              ) -> dict:
+def _validity(cfg: Any, out: Store, dst: Store, shards: dict[str, list[str]], scorer_kwargs: dict, per_batch: int,
+              skip: dict[str, list[int]]) -> dict:
     """The validity self-check: negative controls from a bounded sample of the whole run, scored by
     the same pipeline in the driver (reads only the shards that hold sampled dialogues)."""
     import pyarrow.parquet as pq
@@ -204,8 +211,8 @@ def _validity(cfg: Any, out: Store, dst: Store, shards: dict[str, list[str]], sc
         if ids.isdisjoint(shards[name]):
             continue
         present = set(out.read_metadata(f"{SYNTH}/{name}").schema.to_arrow_schema().names)
-        t = pq.read_table(out.path(f"{SYNTH}/{name}"), filesystem=out.fs,
-                          columns=[c for c in DIALOGUE_COLUMNS if c in present])
+        t = without_rows(pq.read_table(out.path(f"{SYNTH}/{name}"), filesystem=out.fs,
+                                       columns=[c for c in DIALOGUE_COLUMNS if c in present]), skip.get(name, ()))
         parts.append(t.filter(pc.is_in(t.column("dialogue_id"), value_set=pa.array(sorted(ids)))))
     sample = streaming.sorted_by(pa.concat_tables(parts, promote_options="default"), ["dialogue_id"])
     records = load_records(out, case_ids=set(sample.column("case_id").to_pylist()))

@@ -83,7 +83,7 @@ class ShardEvaluator:
 
     def __init__(self, src: Any, dst: Any, columns: list[str], per_batch: int, scorer_kwargs: dict[str, Any],
                  embedder: str, embedder_model: str | None, rule_sets: tuple[str, ...], judge: str,
-                 engine_cfg: Any, metadata: dict[str, str], index_cfg: Any):
+                 engine_cfg: Any, metadata: dict[str, str], index_cfg: Any, skip: dict[str, list[int]] | None = None):
         from mdd.index.embedders import make_embedder
         from mdd.evaluate.judges import make_judge
         from mdd.evaluate.rule_set import load_rules
@@ -96,16 +96,18 @@ class ShardEvaluator:
         self.judge = make_judge(judge, engine_cfg=engine_cfg)
         self.metadata = metadata
         self.index_cfg = index_cfg
+        self.skip = skip or {}  # per shard, rows that repeat an earlier dialogue id (storage.duplicate_rows)
 
     def run(self, shard: str) -> tuple[str, dict[str, Any]]:
         import pyarrow.parquet as pq
 
         from mdd.evaluate.aggregate import dialogue_eval, shard_partial
-        from mdd.storage import SYNTH
+        from mdd.storage import SYNTH, without_rows
 
         present = set(self.src.read_metadata(f"{SYNTH}/{shard}").schema.to_arrow_schema().names)
         dialogues = pq.read_table(self.src.path(f"{SYNTH}/{shard}"), filesystem=self.src.fs,
                                   columns=[c for c in self.columns if c in present])
+        dialogues = without_rows(dialogues, self.skip.get(shard, ()))
         scored = score_shard(self.scorer, dialogues, self.per_batch)
         turns = scored.select([f.name for f in TURN_EVAL]).cast(TURN_EVAL)
         rules = judge_shard(self.rules, self.judge, dialogues)

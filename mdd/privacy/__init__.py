@@ -24,14 +24,17 @@ record_number  an identifier given after 住院号, 病案号, 门诊号, 病历
 address        house, building, unit and room numbers after a street or estate word (路 街 巷 弄 道
                村 区 园 苑 里 庄 寓 厦), with the street's name (ner.py): 某地址
 number         7 or more digits spelled out one by one ("1 3 8 1 …") that are none of the above
+url            web addresses (https://…, www.…, a domain with a path); not localhost or an IP
+postcode       six digits after 邮编 / 邮政编码
+account        a social-media id given as such (抖音号：…, 微博@…)
+ip             an IPv4 address after "IP" (other IPs, a log's node address, stay)
 ============== ====================================================================================
 
 Digits are recognised in every common form: half- and full-width (１３８…), Chinese numerals
 (一三八…, 〇/零/幺, 壹贰叁…), and split by spaces, dashes, dots or parentheses ("138 1234 5678",
 "138.1234.5678", "+86-138-1234-5678", "1 3 8 1 2 3 4 5 6 7 8"). A number split into groups counts
 only when every group has at least 3 digits (or every group one digit), so dates such as
-"2013.10.15-2014.01.20" are left alone. Not detected: personal names in free text, birth dates,
-place names without house numbers. A case id that is a name is hashed (see ``looks_personal_id``).
+"2013.10.15-2014.01.20" are left alone. A case id that is a name is hashed (see ``looks_personal_id``).
 
 Since issue 24 the set also finds (to GB/T 39725-2020, as the MDD-5k paper describes its cases):
 person names, places and organisations (``mdd.privacy.ner``: jieba's tagger checked by rules;
@@ -82,6 +85,10 @@ KINDS: dict[str, str] = {
     "plate": "[车牌号已隐去]",
     "passport": "[护照号已隐去]",
     "employee_number": "[工号已隐去]",
+    "url": "[网址已隐去]",
+    "postcode": "[邮编已隐去]",
+    "account": "[账号已隐去]",
+    "ip": "[IP地址已隐去]",
 }
 
 KEY_FILE = ".privacy-key"
@@ -114,19 +121,35 @@ _CJK = "\u3400-\u9fff"
 _EMAIL = re.compile(rf"(?:[{_CJK}]{{1,4}}[A-Za-z0-9._%+\-]*|[A-Za-z0-9._%+\-]+)(?:@|\(at\)|\[at\])"
                     rf"(?:[A-Za-z0-9\-{_CJK}]+\.)+(?:[A-Za-z]{{2,63}}|[{_CJK}]{{2,4}})")
 _CUED = (
-    ("qq", re.compile(r"(?i)(?:qq|扣扣)" + _CUE_TAIL + r"([0-9](?:" + _SEP + r"?[0-9]){4,12})")),
-    ("wechat", re.compile(r"(?i)(?:微信|weixin|wechat|vx|wx)" + _CUE_TAIL +
+    ("qq", re.compile(r"(?i)(?:qq|扣扣|企鹅号?|q号)" + _CUE_TAIL + r"([0-9](?:" + _SEP + r"?[0-9]){4,12})")),
+    ("wechat", re.compile(r"(?i)(?:微信|薇信|威信|v信|weixin|wechat|vx|wx)" + _CUE_TAIL +
                           r"([A-Za-z][-_A-Za-z0-9]{5,19}|\+?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
-    ("record_number", re.compile(r"(?:住院号|病案号|门诊号|病历号|就诊卡号|医保卡号|社保卡号|医保号|证件号|身份证号?|卡号)"
+    ("record_number", re.compile(r"(?i)(?:住院号|病案号|门诊号|病历号|就诊卡号|就诊号|医保卡号|社保卡号|医保号|社保号|社会保障号码?|"
+                                 r"登记号|档案号|流水号|挂号单号|条码号|患者ID|病人ID|病历ID|ID号|证件号|身份证号?|卡号|账号|帐号|"
+                                 r"台胞证号?|回乡证号?|居住证号?|士兵证号?|IMEI|imei)"
                                  + _CUE_TAIL + r"([A-Za-z0-9](?:[-A-Za-z0-9 ]?[A-Za-z0-9]){3,})")),
     ("passport", re.compile(r"(?:护照|通行证|签证)" + _CUE_TAIL + r"([A-Za-z]{0,2}[0-9](?:[- ]?[0-9]){5,9})")),
     ("employee_number", re.compile(r"(?:工号|员工号|员工编号|职工号|职工编号|工作证号|学号|警号|军官证号?|驾驶证号|驾照号|编号)"
                                    + _CUE_TAIL + r"([A-Za-z0-9](?:[-_A-Za-z0-9 ]?[A-Za-z0-9]){2,})")),
+    ("account", re.compile(r"(?i)(?:抖音|快手|微博|小红书|b站|哔哩哔哩|知乎|豆瓣|贴吧|ins|instagram|twitter|推特|脸书|facebook|"
+                           r"tiktok|游戏)(?:号|账号|帐号|id|用户名|昵称|ID)\s*(?:是|为|[:：])?\s*@?"
+                           r"([A-Za-z0-9_\-.]{2,30}|[\u3400-\u9fff][\u3400-\u9fffA-Za-z0-9_\-]{1,15})")),
+    ("account", re.compile(r"(?i)(?:抖音|快手|微博|小红书|b站|知乎|豆瓣|贴吧|ins|twitter|推特|tiktok)[^，。；\s@]{0,4}"
+                           r"(@[A-Za-z0-9_\-.\u3400-\u9fff]{2,30})")),
+    ("ip", re.compile(r"(?i)ip(?:地址)?\s*(?:是|为|[:：])?\s*([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?![0-9])")),
     ("phone", re.compile(r"(?i)(?:联系电话|联系方式|电话|手机|座机|tel|phone|mobile)" + _CUE_TAIL +
                          r"(\+?\(?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
 )
+_POSTCODE = re.compile(r"(?:邮编|邮政编码|邮码)\s*(?:是|为|[:：])?\s*([0-9]{6})(?![0-9])")
+# web addresses: a scheme or www., or a domain with a path (weibo.com/name)
+# (a machine's own address, localhost or an IP, is no one's: a log's dashboard link stays)
+_URL = re.compile(r"(?i)(?:https?://(?!localhost\b|[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+\b|\[)|www\.)[A-Za-z0-9\-._~:/?#\[\]@!$&'*+,;=%]+|"
+                  r"(?<![A-Za-z0-9@.])[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.(?:com|cn|net|org|edu|gov|io|me|cc|tv|info)"
+                  r"/[A-Za-z0-9\-._~/?#@!$&'*+=%]+")
 _PLATE = re.compile(r"[京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼使领]\s*[A-Z][\s.-]?"
                     r"(?=[A-Z0-9]{0,5}[0-9])[A-Z0-9]{5,6}(?![A-Za-z0-9])")
+# a Hong Kong or Macau identity card: A123456(7), AB123456(A)
+_HK_ID = re.compile(r"(?<![A-Za-z0-9])[A-Z]{1,2}[0-9]{6,7}\s*\(\s*[0-9A]\s*\)")
 _PASSPORT = re.compile(r"(?<![A-Za-z0-9])(?:[EGDSPHK][A-Z]?|[A-Z]{2})[0-9]{7,8}(?![0-9A-Za-z])")
 # dates on normalised text: Chinese numerals are digits there, 十 stays
 _Y = r"(?:1[89][0-9]{2}|20[0-9]{2}|[0-9]{2}(?=\s*年))"
@@ -135,6 +158,7 @@ _D = r"(?:3[01]|[12][0-9]|0?[1-9]|[123]?十[1-9]?)"
 _YMD = rf"{_Y}\s*年\s*{_M}\s*月\s*{_D}\s*[日号]?|(?:1[89]|20)[0-9]{{2}}\s*[-/.]\s*{_M}\s*[-/.]\s*{_D}(?![0-9])"
 _MD = rf"(?<![0-9十]){_M}\s*月\s*{_D}\s*[日号]"
 _YM = rf"{_Y}\s*年\s*{_M}\s*月(?!\s*[0-9十])|(?:1[89]|20)[0-9]{{2}}\s*[-/.]\s*{_M}(?![0-9.\-/])"
+_COMPACT = r"(?<![0-9])(?:19[0-9]{2}|20[0-9]{2})(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])(?![0-9])"
 _VISIT = r"(?:入院|出院|就诊|住院|来诊|初诊|复诊|门诊|就医|转院|收治|收入|检查|体检|手术|来院|到院|随访)"
 _DATES = (
     re.compile(rf"(?<![0-9])(?:{_YMD})"),
@@ -142,15 +166,35 @@ _DATES = (
     re.compile(rf"(?:出生日期|出生年月日?|出生于|出生在|生于|出生|生日|生辰)[：:\s是为在]*((?:{_Y})\s*年(?:\s*{_M}\s*月)?|{_YM})"),
     re.compile(rf"(?<![0-9])({_YM})(?=\s*[，,]?\s*(?:在|于|到|来)?[^，。；]{{0,8}}{_VISIT})"),
     re.compile(rf"(?:{_VISIT}(?:日期|时间)|日期|时间)[：:\s为是]*({_YM})"),
+    re.compile(_COMPACT),
+    re.compile(r"(?<![0-9])((?:1[89][0-9]{2}|20[0-9]{2}|[0-9]{2})\s*年)(?=\s*(?:出生|生人|生(?:[，,。；;\s]|$)))"),
 )
+# 5.12入院, 5/12在我院门诊就诊: a month and day right before a visit word, written in digits (so the numbered
+# list "3.一周后复诊" and doses "2/3量，复诊时" stay)
+_MD_NUM = re.compile(rf"(?<![0-9./])((?:1[0-2]|0?[1-9])[./](?:3[01]|[12][0-9]|0?[1-9]))(?![0-9./%])"
+                     rf"(?=\s*(?:在|于|到)?\s*(?:我院|本院|外院|医院)?\s*{_VISIT})")
 _KIN = ("父亲|母亲|爸爸|妈妈|丈夫|妻子|老公|老婆|爱人|配偶|儿子|女儿|哥哥|姐姐|弟弟|妹妹|男友|女友|外婆|外公|奶奶|爷爷|"
-        "孙子|孙女|继父|继母|前夫|前妻")
+        "孙子|孙女|继父|继母|前夫|前妻|孩子|长子|次子|长女|次女|其[父母兄姐弟妹妻夫子女]")
+# an age in digits, or in Chinese numerals as normalised (三十七 -> 3十7, 十九 -> 十9)
+_AGE_NUM = r"([0-9]{1,3}|[1-9]?十[1-9]?)"
 _AGES = (
-    re.compile(r"(?:(?<=[男女])|(?<=[男女]性)|(?<=年龄)|(?<=今年)|(?<=现年)|(?<=时年)|(?<=年仅)|(?<=患者)|(?<=病人))"
-               r"(?:\s*[，,、:：为是]?\s*)([0-9]{1,3})(?=\s*(?:周岁|岁))"),
-    re.compile(r"(?<![0-9])([0-9]{1,3})(?=\s*(?:周岁|岁)\s*[，,、]?\s*[男女])"),
-    re.compile(rf"(?:{_KIN})\s*[，,]?\s*(?:今年|现年)?\s*([0-9]{{1,3}})(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
+    re.compile(r"(?:(?<=[男女])|(?<=[男女]性)|(?<=年龄)|(?<=今年)|(?<=现年)|(?<=时年)|(?<=年仅)|(?<=患者)|(?<=患儿)|(?<=病人))"
+               r"(?:\s*[，,、:：为是]?\s*)" + _AGE_NUM + r"(?=\s*(?:周岁|岁))"),
+    re.compile(r"(?<![0-9十])" + _AGE_NUM + r"(?=\s*(?:周岁|岁)\s*[，,、]?\s*[男女])"),
+    re.compile(rf"(?:{_KIN})\s*[，,]?\s*(?:今年|现年)?\s*{_AGE_NUM}(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
+    # a name (or 某某) between: 患儿王小宝，7岁; 其父亲张德明，62岁
+    re.compile(rf"(?:{_KIN}|患者|患儿|病人)\s*[{_CJK}]{{2,4}}\s*[，,]\s*(?:今年|现年)?\s*{_AGE_NUM}"
+               rf"(?=\s*(?:周岁|岁)(?!时|前|后|起|左右开始|那年|初潮))"),
+    re.compile(r"(?<=年龄)\s*[:：为是]?\s*([0-9]{1,3})(?![0-9])(?!\s*(?:岁时|年|个?月|天|周|次|分|%))"),
 )
+
+
+def _age_value(text: str) -> int:
+    """An age as matched by ``_AGES`` (digits, or 3十7 / 十9 / 3十 from Chinese numerals)."""
+    if "十" not in text:
+        return int(text)
+    tens, _, ones = text.partition("十")
+    return int(tens or 1) * 10 + int(ones or 0)
 
 
 def round_age(age: int) -> int:
@@ -285,6 +329,7 @@ def find(text: str, ner: bool = True) -> list[Hit]:
     merged into one span (masking more, never less) that keeps the kind of the first detector."""
     norm = normalise(text)
     found: list[Hit] = [Hit(m.start(), m.end(), "email") for m in _EMAIL.finditer(norm)]
+    found += [Hit(m.start(), m.end(), "url") for m in _URL.finditer(norm)]
     found += _runs(norm)
     for kind, pat in _CUED:  # what is given as such; a cue inside another cue's value counts too
         pos = 0
@@ -292,16 +337,20 @@ def find(text: str, ner: bool = True) -> list[Hit]:
             found.append(Hit(m.start(1), m.end(1), kind))
             pos = m.start() + 1
     found += [Hit(m.start(1), m.end(1), "address") for m in _ADDRESS.finditer(norm)]
+    found += [Hit(m.start(1), m.end(1), "postcode") for m in _POSTCODE.finditer(norm)]
     found += [Hit(m.start(), m.end(), "plate") for m in _PLATE.finditer(norm)]
+    found += [Hit(m.start(), m.end(), "id_card") for m in _HK_ID.finditer(norm)]
     found += [Hit(m.start(), m.end(), "passport") for m in _PASSPORT.finditer(norm)]
     for pat in _DATES:
         for m in pat.finditer(norm):
             g = 1 if pat.groups else 0
             found.append(Hit(m.start(g), m.end(g), "date"))
+    found += [Hit(m.start(1), m.end(1), "date") for m in _MD_NUM.finditer(norm)
+              if re.fullmatch(r"[0-9０-９]+[./．／][0-9０-９]+", text[m.start(1):m.end(1)])]
     for pat in _AGES:
         for m in pat.finditer(norm):
-            age = int(m.group(1))
-            if age % 10 or age == 0:
+            age = _age_value(m.group(1))
+            if age % 10 or age == 0 or "十" in m.group(1):
                 found.append(Hit(m.start(1), m.end(1), "age", str(round_age(age))))
     if ner:
         from mdd.privacy import ner as _ner
@@ -447,16 +496,30 @@ class Deidentifier:
             return self.hash_id(raw), True
         return raw, False
 
-    def source(self, path: Any) -> str:
+    def source(self, path: Any, root: Any = None) -> str:
         """An input file as outputs name it: its base name when that is plainly not personal
         (sample_cases.json, part-01.jsonl), else ``input-`` + a keyed hash and the suffix. Folders
-        are never named (a folder may carry a person's name)."""
+        are never named (a folder may carry a person's name), except below ``root`` (the cases
+        folder a file was found in): each subfolder there is its plain name or ``dir-`` + a keyed
+        hash, so two files of one name in two subfolders keep distinct labels."""
         name = os.path.basename(str(path).rstrip("/\\")) or "input"
         if plain_file_name(name):
-            return name
-        suffix = os.path.splitext(name)[1].lower()
-        suffix = suffix if suffix in (".json", ".jsonl", ".parquet") else ""
-        return "input-" + hmac.new(self._key, str(path).encode("utf-8"), hashlib.sha256).hexdigest()[:10] + suffix
+            label = name
+        else:
+            suffix = os.path.splitext(name)[1].lower()
+            suffix = suffix if suffix in (".json", ".jsonl", ".parquet") else ""
+            label = "input-" + hmac.new(self._key, str(path).encode("utf-8"), hashlib.sha256).hexdigest()[:10] + suffix
+        if root is None:
+            return label
+        rel = os.path.relpath(os.path.dirname(str(path)), str(root))
+        if rel in (".", ""):
+            return label
+        parts, walked = [], str(root)
+        for part in rel.replace("\\", "/").split("/"):
+            walked = os.path.join(walked, part)
+            parts.append(part if plain_file_name(part) else
+                         "dir-" + hmac.new(self._key, walked.encode("utf-8"), hashlib.sha256).hexdigest()[:8])
+        return "/".join(parts + [label])
 
     def text(self, value: str, fieldname: str, masked: list[str]) -> str:
         """``value`` scrubbed; appends ``field:kind`` for each kind found."""

@@ -12,9 +12,13 @@ from typing import Any
 import pyarrow as pa
 
 from mdd import knowledge
-from mdd.storage import StorageError, Store, open_store
+from mdd.storage import StorageError, Store, first_rows, log_duplicates, open_store
 
 SYNTH_COLUMNS_SKIPPED = ("experience",)  # long free text no reader here needs
+# each table's key: a row whose key an earlier row has is skipped (storage.first_rows), so every dialogue id is
+# in the report, the card and the exports once even when an older run wrote it twice
+KEYS = {"synth": ("dialogue_id",), "eval/turns": ("dialogue_id", "turn"), "eval/rules": ("dialogue_id", "rule"),
+        "eval/dialogues": ("dialogue_id",)}
 
 
 class RunData:
@@ -38,9 +42,13 @@ class RunData:
             except (OSError, pa.ArrowException) as exc:
                 raise _unreadable(self.store, f, exc) from None
         try:
-            return self.store.read_table(rel, columns)
+            table = self.store.read_table(rel, columns)
         except (OSError, pa.ArrowException) as exc:
             raise _unreadable(self.store, rel, exc) from None
+        if rel in KEYS:
+            table, n = first_rows(table, KEYS[rel])
+            log_duplicates(self.store.display(rel), n)
+        return table
 
     def check_readable(self, tops: tuple[str, ...] = ("eval", "cases.parquet", "rejects.parquet",
                                                        "failures.parquet")) -> None:

@@ -19,7 +19,7 @@ import logging
 import pyarrow as pa
 
 from mdd import privacy, provenance, schema
-from mdd.cases import Case, Reject, load_cases
+from mdd.cases import Case, Reject, load_cases, log_rejects
 from mdd.cases import diversity as case_diversity
 from mdd.config import Config
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
@@ -141,9 +141,7 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     held, quarantined = dialogue_shards(out, quarantine=True)  # ShardError propagates: a foreign file in synth/
     write_rejects(out, rejects)
     write_cases(out, cases)
-    for r in rejects:
-        where = f"line {r.line}" if r.line is not None else ("the file" if r.position < 0 else f"#{r.position}")
-        log.warning("rejected case %s (%s %s): %s: %s", r.case_id, r.source, where, r.field, r.reason)
+    log_rejects(rejects, log)  # the first few of each kind, then one line per kind
 
     done = {d for ids in held.values() for d in ids}
     work = plan(cases, sc.variants, done, sc.shard_size)

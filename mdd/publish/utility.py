@@ -252,14 +252,43 @@ class TfidfLogReg:
         return list(self._clf.predict(self._tfidf.transform(self.counts.matrix(texts)[:, self._cols])))
 
 
-class EmbedLinear:
+class _LinearHead:
+    """Logistic regression with balanced class weights over ``features(texts)`` (a subclass's); a training
+    set of one class predicts that class."""
+
+    C = 1.0
+    seed = 0
+    _clf: Any = None
+    _const: _Constant | None = None
+
+    def features(self, texts: list[str]) -> np.ndarray:  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
+    def fit(self, texts: list[str], y: list[str]) -> "_LinearHead":
+        from sklearn.linear_model import LogisticRegression
+
+        if len(set(y)) < 2:
+            self._const = _Constant(y[0])
+            return self
+        self._clf = LogisticRegression(C=self.C, max_iter=2000, class_weight="balanced", random_state=self.seed)
+        self._clf.fit(self.features(texts), y)
+        return self
+
+    def predict(self, texts: list[str]) -> list[str]:
+        if self._const is not None:
+            return self._const.predict(texts)
+        return list(self._clf.predict(self.features(texts)))
+
+
+class EmbedLinear(_LinearHead):
     """A dialogue as the mean of its turns' embeddings (``mdd.index.embedders``), then logistic
     regression. Embeddings are cached by text, so cross-validation encodes each turn once."""
+
+    C = 10.0
 
     def __init__(self, embedder: Any, cache: dict[str, np.ndarray], seed: int = 0):
         self.embedder, self.cache, self.seed = embedder, cache, seed
         self.name = f"embed:{embedder.name}"
-        self._clf = self._const = None
 
     def features(self, texts: list[str]) -> np.ndarray:
         lines = [[ln for ln in t.split("\n") if ln.strip()] for t in texts]
@@ -274,23 +303,8 @@ class EmbedLinear:
                 x[i] = m / (np.linalg.norm(m) or 1.0)
         return x
 
-    def fit(self, texts: list[str], y: list[str]) -> "EmbedLinear":
-        from sklearn.linear_model import LogisticRegression
 
-        if len(set(y)) < 2:
-            self._const = _Constant(y[0])
-            return self
-        self._clf = LogisticRegression(C=10.0, max_iter=2000, class_weight="balanced", random_state=self.seed)
-        self._clf.fit(self.features(texts), y)
-        return self
-
-    def predict(self, texts: list[str]) -> list[str]:
-        if self._const is not None:
-            return self._const.predict(texts)
-        return list(self._clf.predict(self.features(texts)))
-
-
-class ConceptLinear:
+class ConceptLinear(_LinearHead):
     """Symptom concepts, then logistic regression with balanced class weights. A text is a dialogue view,
     one turn a line; per concept of ``lexicons.yaml`` (faithfulness.concepts), whether any turn affirms
     it and the share of turns that do (``mdd.evaluate.faithfulness.stances``: a mention under a
@@ -303,7 +317,6 @@ class ConceptLinear:
 
         self.lex, self.cache, self.seed = faith_lexicon(), cache, seed
         self.concepts = list(self.lex.concepts)
-        self._clf = self._const = None
 
     def vector(self, text: str) -> np.ndarray:
         from mdd.evaluate.faithfulness import stances
@@ -321,21 +334,6 @@ class ConceptLinear:
 
     def features(self, texts: list[str]) -> np.ndarray:
         return np.array([self.vector(t) for t in texts]).reshape(len(texts), 2 * len(self.concepts))
-
-    def fit(self, texts: list[str], y: list[str]) -> "ConceptLinear":
-        from sklearn.linear_model import LogisticRegression
-
-        if len(set(y)) < 2:
-            self._const = _Constant(y[0])
-            return self
-        self._clf = LogisticRegression(C=1.0, max_iter=2000, class_weight="balanced", random_state=self.seed)
-        self._clf.fit(self.features(texts), y)
-        return self
-
-    def predict(self, texts: list[str]) -> list[str]:
-        if self._const is not None:
-            return self._const.predict(texts)
-        return list(self._clf.predict(self.features(texts)))
 
     def weights(self) -> dict[str, dict[str, float]]:
         """Per class, the concepts with the largest positive weights (share and presence summed)."""

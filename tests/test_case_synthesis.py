@@ -86,6 +86,11 @@ def test_plans_fit_diagnosis_age_gender_and_criteria():
             assert p.gender == "女" and 22 <= p.age <= 40 and "F32" in p.prefixes
         if "F32" in p.prefixes:
             assert p.days >= 14 and "mood_low" in p.present
+        codes = [c for c, _ in p.codes]
+        if any(c.startswith("F41.2") for c in codes):  # mixed: anxiety and depression both present (by_code)
+            assert {"mood_low", "worry"} <= set(p.present), (p.case_id, codes, p.present)
+        if any(c.startswith("F41.0") for c in codes):  # panic disorder: panic attacks
+            assert "panic" in p.present, (p.case_id, codes, p.present)
         assert all(p.age >= drugs_min_age.get(d, 0) for d in p.drugs)
         if p.pregnant_weeks or p.breastfeeding:
             assert not set(p.drugs) & {"paroxetine", "lithium", "valproate", "lorazepam", "eszopiclone", "zolpidem"}

@@ -182,7 +182,7 @@ def test_utility_json_shape(signal_report):
         curve = T["learning_curve"]
         assert len(curve) == 4 and [p["n_train"] for p in curve] == sorted(p["n_train"] for p in curve)
         assert curve[-1]["n_train"] == T["tstr"]["n_train"]
-        assert set(T["views"]) == {"doctor", "patient"}
+        assert set(T["views"]) == {"full", "doctor", "patient"}
     four = signal_report["tasks"]["four"]
     assert four["tstr"]["n_test"] == 36 and four["tstr"]["n_train"] == 72 and four["shuffled"]["n_test"] == 5 * 36
     assert signal_report["tasks"]["binary"]["tstr"]["n_test"] == 18  # mixed and other are left out
@@ -328,3 +328,52 @@ def test_main_job_runs_utility_before_its_report(ray_session, tmp_path):
     assert u["guard"]["closings_in_classifier_input"] == 0
     rep = json.loads((out / "run.json").read_text(encoding="utf-8"))["report"]
     assert rep["panels"]["utility"] == "ok" and any("utility_learning" in f for f in rep["figures"])
+
+
+# --- the default classifier: the patient's symptom concepts ------------------------------------
+
+def test_concepts_model_counts_affirmed_symptoms_never_denials():
+    m = U.ConceptLinear({})
+    ix = {c: i for i, c in enumerate(m.concepts)}
+    k = len(m.concepts)
+    said = m.vector("我最近有自杀的想法，心情很差\n晚上睡不着")
+    assert said[k + ix["suicidal"]] == 1 and said[k + ix["insomnia"]] == 1 and said[ix["insomnia"]] == 0.5
+    denied = m.vector("没有自杀的想法\n没有听到别人听不到的声音")  # a screening answer affirms nothing
+    assert not denied.any()
+    assert U.Settings().model == "concepts" and U.Settings().view == "patient"
+
+
+def test_main_job_dialogues_beat_the_majority_on_the_shared_slice(sample_run):
+    """The README's main job (27 sample cases x 5, scripted dry-run writer; the rows made in-process) trained
+    on, the shared MDD-5k slice (20 patients, read in place) tested on, with the default settings: TSTR beats
+    the majority class on both tasks, on four classes with its 95% interval (on the binary task the slice's 9
+    patients, 3 with anxiety, leave the interval's lower end at the majority's 0.40), the shuffled control
+    stays in the chance band, no closing reaches the classifier, and what it learned is clinical
+    (depression: low mood, appetite, suicidal ideas …; anxiety: worry, palpitations). The slice is small:
+    this guards the figures README reports, it is not evidence about a large reference."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1].parent / "shared" / "mdd5k"
+    if not (src / "dialogues").is_dir():
+        pytest.skip("../shared/mdd5k not here")
+    ref, layout = U.load_labelled(str(src))
+    rep = U.utility(sample_run["rows"], ref, U.Settings(repeats=2))
+    assert rep["guard"]["closings_in_classifier_input"] == 0
+    assert rep["guard"]["run"]["closing_turns_dropped"] >= 135
+    for name in ("binary", "four"):
+        T = rep["tasks"][name]
+        assert T["tstr"]["macro_f1"] > T["majority"]["macro_f1"] + 0.1, (name, T["tstr"], T["majority"])
+        if name == "four":
+            assert T["tstr"]["beats_majority"] and T["tstr"]["macro_f1_ci"][0] > T["majority"]["macro_f1"]
+        else:  # the interval reaches down to the majority (0.40) on 9 patients, not below it
+            assert T["tstr"]["macro_f1_ci"][0] >= T["majority"]["macro_f1"] - 0.02, T["tstr"]
+        assert T["shuffled"]["within_chance"]
+        assert T["tstr"]["macro_f1"] > T["shuffled"]["macro_f1"]
+        assert len({p for row in T["confusion"]["tstr"] for p, n in enumerate(row) if n}) >= 2  # not one class
+    learned = rep["tasks"]["binary"]["learned"]
+    assert {"low_mood", "anhedonia", "appetite_loss", "suicidal"} & set(learned["depression"])
+    assert {"anxiety", "panic"} & set(learned["anxiety"])
+    # the doctor's agenda-keyed questions give the label away inside the run, and not on real dialogues
+    four = rep["tasks"]["four"]
+    assert four["leakage"]["doctor_only"]["macro_f1"] > 0.9
+    assert four["views"]["doctor"]["tstr"]["macro_f1"] < four["tstr"]["macro_f1"]

@@ -257,6 +257,14 @@ def _duration(days: int, min_days: int) -> tuple[int, str]:
     raise AssertionError("unreachable")
 
 
+def diagnosis_symptoms(plan: dict[str, Any], code: str) -> dict[str, float]:
+    """A diagnosis' symptom prevalences: the ``by_code`` table of the longest prefix of ``code`` that has one
+    (F41.2 mixed anxiety and depression is not F41.1 generalised anxiety), else its prefix's ``symptoms``."""
+    tables = plan.get("by_code") or {}
+    best = max((c for c in tables if code.upper().startswith(str(c).upper())), key=len, default=None)
+    return dict(tables[best]["symptoms"]) if best is not None else dict(plan["symptoms"])
+
+
 def plan_case(profile: Profile, prefixes: tuple[str, ...], plan_seed: int, case_id: str) -> CasePlan:
     """Everything of one case but its diagnoses, drawn from ``plan_seed``."""
     content = knowledge.load_yaml("case_plans.yaml")
@@ -296,8 +304,8 @@ def plan_case(profile: Profile, prefixes: tuple[str, ...], plan_seed: int, case_
 
     # symptoms: the union of the diagnoses' draws; a core symptom (1.0) always, one of require_any at least
     prevalence: dict[str, float] = {}
-    for p in prefixes:
-        for s, w in dx[p]["symptoms"].items():
+    for p, (code, _) in zip(prefixes, codes):
+        for s, w in diagnosis_symptoms(dx[p], code).items():
             prevalence[s] = max(prevalence.get(s, 0.0), float(w))
     present = [s for s, w in prevalence.items() if rng.random() < w]
     for p in prefixes:

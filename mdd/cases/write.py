@@ -18,7 +18,7 @@ from typing import Any, Protocol, Sequence
 
 from mdd.errors import MddError
 from mdd import knowledge
-from mdd.cases.plan import CasePlan
+from mdd.cases.plan import CasePlan, diagnosis_symptoms
 
 MSE_KEYS = ("意识", "定向", "接触对答", "注意", "感知", "思维", "情感", "意志、行为", "智能", "躯体症状", "自知力")
 PERSONAL_KEYS = ("孕产情况", "发育情况", "婚恋情况", "工作、学习情况", "月经情况", "病前性格", "特殊嗜好")
@@ -201,8 +201,8 @@ def mend(plan: CasePlan, failed: Sequence[Any]) -> CasePlan:
         elif p.age >= 60:
             p.menstrual = "已绝经。"
     if "diagnosis_symptoms" in rules:  # each diagnosis' core symptom (its highest prevalence) is present
-        for prefix in p.prefixes:
-            core = max(content["diagnoses"][prefix]["symptoms"].items(), key=lambda kv: kv[1])[0]
+        for prefix, (code, _) in zip(p.prefixes, p.codes):
+            core = max(diagnosis_symptoms(content["diagnoses"][prefix], code).items(), key=lambda kv: kv[1])[0]
             if core not in p.present:
                 p.present.append(core)
             p.absent = [a for a in p.absent if a != core]

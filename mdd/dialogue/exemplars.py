@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mdd.errors import MddError
 from mdd.config import ExemplarConfig
+from mdd.errors import MddError
 
 
 @dataclass(frozen=True)

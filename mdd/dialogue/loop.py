@@ -16,23 +16,21 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from mdd.cases import Case
-from mdd.config import DialogueConfig
+from mdd.cases import Case, case_fields
 from mdd.checklist import age_range
-from mdd.dialogue import guards, ops
+from mdd.config import DialogueConfig
+from mdd.dialogue import guards, ops, wording
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
-from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
-from mdd.dialogue import wording
 from mdd.dialogue.closing import spoken_closing
 from mdd.dialogue.companion import CompanionRole, addressee
+from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
 from mdd.dialogue.patient import PatientRole
 from mdd.dialogue.setting import agenda_for, companion_of, style_of
 from mdd.dialogue.views import agent_view
-from mdd.cases import case_fields
+from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.record import DialogueRecord, Turn, doctor_turns
 from mdd.record.speech import jargon_turns
-from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.tree import Topic
 
 ROLES = ("doctor", "patient", "companion", "tool")

@@ -10,7 +10,6 @@ from typing import Any, Mapping
 from mdd.evaluate.rule_set import Condition
 from mdd.record import rounds, speaker_of
 
-
 # --- dialogues -----------------------------------------------------------------------------
 
 

@@ -70,8 +70,8 @@ def build_from_pairs(dst: Store, embedder_name: str, embedder_model: str | None,
     """The index of ``dst``'s ``eval/pairs/*.parquet`` (the stage's; runs in a Ray worker)."""
     import pyarrow.parquet as pq
 
-    from mdd.index.embedders import make_embedder
     from mdd.index.build import build
+    from mdd.index.embedders import make_embedder
 
     cfg = _index_cfg(cfg)
     files = dst.parquet_files(PAIRS_DIR)
@@ -97,8 +97,8 @@ def build_index(
     previous index."""
     import pyarrow.compute as pc
 
-    from mdd.index.embedders import make_embedder
     from mdd.index.build import SIDECAR_COLUMNS, build
+    from mdd.index.embedders import make_embedder
 
     cfg = _index_cfg(cfg)
     out = open_store(out_dir)

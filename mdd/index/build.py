@@ -18,7 +18,6 @@ bytes per pair.
 from __future__ import annotations
 
 import hashlib
-
 import math
 import time
 from typing import Any, Callable, Iterator

@@ -217,9 +217,9 @@ def scoring_cost(dialogues: pa.Table, repeats: int = 3, per_batch: int = 12) -> 
     its metrics, overall ≥ threshold) against the stage's (``ExchangeScorer``: relevance vectors,
     metrics, faithfulness, gates), alternated in one process so that the machine's load hits both;
     min/median/max over ``repeats``."""
-    from mdd.index.embedders import make_embedder
     from mdd.evaluate.quality import QualityScorer
     from mdd.evaluate.scoring import ExchangeScorer, explode
+    from mdd.index.embedders import make_embedder
 
     rows = dialogues.to_pylist()
     batches = [pa.Table.from_pylist(rows[s:s + per_batch]) for s in range(0, len(rows), per_batch)]

@@ -64,9 +64,9 @@ def _exemplar_turns(out: str) -> dict[str, float]:
 
 
 def run_phase(cfg: Config, engine: Any) -> dict[str, Any]:
-    from mdd.synthesize.run import run_synthesis
     from mdd.evaluate.stage import run_evaluate
     from mdd.perf.replay import sum_counters
+    from mdd.synthesize.run import run_synthesis
 
     if hasattr(engine, "reset_prefix_cache"):
         engine.reset_prefix_cache()  # every phase starts cold

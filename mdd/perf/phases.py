@@ -16,9 +16,8 @@ from typing import Any
 
 from mdd.cases import Case
 from mdd.config import Config
-from mdd.synthesize.plan import Item
+from mdd.synthesize.plan import Item, submission_order
 from mdd.synthesize.worker import DialogueWorker
-from mdd.synthesize.plan import submission_order
 
 
 @dataclass

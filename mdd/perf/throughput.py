@@ -32,7 +32,7 @@ import statistics
 from typing import Any
 
 from mdd.perf import replay
-from mdd.perf.phases import Phases, PhaseResult, sample
+from mdd.perf.phases import PhaseResult, Phases, sample
 
 log = logging.getLogger(__name__)
 

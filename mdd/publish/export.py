@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from mdd.errors import MddError
 from mdd import knowledge
+from mdd.errors import MddError
 from mdd.publish.run_data import RunData
 from mdd.record import exchanges
 from mdd.schema import SFT_ROW, SHAREGPT_ROW

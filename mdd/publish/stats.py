@@ -1,9 +1,9 @@
 """Figures computed from a run's outputs, shared by the report and the dataset card."""
 from __future__ import annotations
 
-from collections import Counter
 import os
 import posixpath
+from collections import Counter
 from typing import Any
 
 import numpy as np

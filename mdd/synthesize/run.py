@@ -7,14 +7,13 @@ missing, and only to an output its provenance allows (``mdd.provenance``).
 """
 from __future__ import annotations
 
+import logging
 import platform
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-import logging
 
 import pyarrow as pa
 

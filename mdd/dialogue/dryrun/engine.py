@@ -14,11 +14,11 @@ import re
 from collections import Counter
 from typing import Any
 
+from mdd.dialogue.dryrun.speech import TIME, clauses, companion_answer, patient_answer
 from mdd.dialogue.ops import short_point, triple_phrase
+from mdd.dialogue.patient import evasive
 from mdd.dialogue.wording import wording
 from mdd.engines.base import Completion, EngineBase, Request, register_engine
-from mdd.dialogue.patient import evasive
-from mdd.dialogue.dryrun.speech import TIME, clauses, companion_answer, patient_answer
 from mdd.record.speech import opener
 
 _GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。", "你好，我姓{s}，是今天的接诊医生。")

@@ -3,7 +3,8 @@
 One list drives asking and checking: :func:`plan_for` gives a case's required items and the
 modules its diagnoses attach; the agenda (:mod:`mdd.dialogue.agenda`) asks every required
 item's topic, and every item becomes a rule (:func:`mdd.evaluate.rule_set.checklist_rules`) for
-the diagnoses that require it, judged by :mod:`mdd.evaluate.rules`. :func:`coverage_matrix` reports the result as ICD prefix x item.
+the diagnoses that require it, judged by :mod:`mdd.evaluate.rules`. :func:`coverage_matrix` reports the
+result as ICD prefix x item.
 """
 from __future__ import annotations
 

@@ -561,7 +561,8 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
         except yaml.YAMLError as exc:  # the position and the problem, not the text around it
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            raise ConfigError(f"{src}: not valid YAML{where}: {getattr(exc, 'problem', None) or type(exc).__name__}") from None
+            raise ConfigError(f"{src}: not valid YAML{where}: "
+                              f"{getattr(exc, 'problem', None) or type(exc).__name__}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{src}: the top level must be a mapping")
     for dotted, value in (overrides or {}).items():

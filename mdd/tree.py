@@ -173,7 +173,8 @@ def _attach(node: Topic, target: str, extra: Iterable[Topic]) -> tuple[Topic, bo
 def _module_group(mod: dict[str, Any]) -> Topic:
     """A module's nodes as one group (its questions stay together wherever the group lands)."""
     where = f"modules/{mod['id']}"
-    nodes = tuple(_stamp(parse_node(n, where, mod.get("audience", "patient")), mod["id"]) for n in mod.get("nodes") or ())
+    nodes = tuple(_stamp(parse_node(n, where, mod.get("audience", "patient")), mod["id"])
+                  for n in mod.get("nodes") or ())
     group = parse_node({"id": f"module_{mod['id']}", "topic": mod.get("topic") or mod["id"],
                         "order": mod.get("order", "random"), "anchor": mod.get("anchor"),
                         "after": mod.get("after")}, where)
@@ -213,7 +214,8 @@ def build_tree(case: Case, modules: Iterable[str] = ()) -> Topic:
         group = replace(group, children=tuple(c for c in group.children if c.id not in have))
         root, ok = _attach(root, mod["attach_to"], [group])
         if not ok:
-            raise knowledge.KnowledgeError(f"module {mod['id']}: attach_to {mod['attach_to']!r} is not a node of {name}")
+            raise knowledge.KnowledgeError(f"module {mod['id']}: attach_to {mod['attach_to']!r} "
+                                           f"is not a node of {name}")
     pruned = _prune(root, case)
     assert pruned is not None
     return pruned

@@ -49,7 +49,8 @@ def resolve_index(cfg: ExemplarConfig) -> ExemplarConfig:
         store = open_store(cfg.index)
         for name in (INDEX_FILE, META_FILE):
             if not store.is_file(f"{INDEX_DIR}/{name}"):
-                raise ExemplarError(f"synth.dialogue.exemplars.index: {store.display(INDEX_DIR + '/' + name)} not found "
+                raise ExemplarError("synth.dialogue.exemplars.index: "
+                                    f"{store.display(INDEX_DIR + '/' + name)} not found "
                                     "(run the evaluation there first: it writes the index)")
         verify(store)  # IndexDamaged: a damaged index or sidecar, before any dialogue runs
     except ExemplarError:

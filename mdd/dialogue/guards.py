@@ -264,7 +264,8 @@ def loop(t: Turn) -> Failure | None:
         if len(b) >= int(lp["clause_chars"]):
             counts[b] = counts.get(b, 0) + 1
     for b, n in counts.items():
-        if n >= int(lp["clause_repeats"]) or (len(b) >= int(lp["long_clause_chars"]) and n >= int(lp["long_clause_repeats"])):
+        if n >= int(lp["clause_repeats"]) or (len(b) >= int(lp["long_clause_chars"])
+                                              and n >= int(lp["long_clause_repeats"])):
             return Failure("loop", f"the clause {b[:16]!r} {n} times")
     return None
 

@@ -149,8 +149,10 @@ class Dialogue:
                     repetition_penalty=s.repetition_penalty)
         self.sp_doctor = Sampling(max_tokens=s.doctor_max_tokens, min_tokens=s.doctor_min_tokens, **free)
         self.sp_patient = Sampling(max_tokens=s.patient_max_tokens, min_tokens=s.patient_min_tokens, **free)
-        self.sp_story = Sampling(max_tokens=s.story_max_tokens, **{**free, "frequency_penalty": s.story_frequency_penalty})
-        self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens, choice=(ops.YES, ops.NO))
+        self.sp_story = Sampling(max_tokens=s.story_max_tokens,
+                                 **{**free, "frequency_penalty": s.story_frequency_penalty})
+        self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens,
+                                   choice=(ops.YES, ops.NO))
         self.sp_json = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.json_max_tokens)
 
     # --- the engine, with accounting and per-call seeds -----------------------------------
@@ -437,7 +439,8 @@ class Dialogue:
             return Phase.NEXT_TOPIC
         self.checking = last_answer if self.interjected else ""
         self.reask = self.interjected = False
-        self._say("doctor", self.question, self.topic.topic, asked if self.cfg.exemplars.keep_in_history else instruction)
+        self._say("doctor", self.question, self.topic.topic,
+                  asked if self.cfg.exemplars.keep_in_history else instruction)
         if shown:
             self.turns[-1]["exemplars"] = [e.id for e in shown]
         return Phase.ANSWER

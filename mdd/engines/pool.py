@@ -107,7 +107,8 @@ class ActorPoolEngine(EngineBase):
         self._rr = random.randrange(n)
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("actors", "model", "placement_groups", "stats_refresh_s", "session_ttl_s", "max_sessions", "launch_info", "launch_s")
+        keep = ("actors", "model", "placement_groups", "stats_refresh_s", "session_ttl_s", "max_sessions",
+                "launch_info", "launch_s")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -23,8 +23,8 @@ import pyarrow as pa
 from mdd.record import exchanges
 from mdd.schema import METRICS
 
-DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "age_range", "gender",
-                    "doctor_persona", "companion", "experience"]
+DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "age_range",
+                    "gender", "doctor_persona", "companion", "experience"]
 
 EXCHANGE_SCHEMA = pa.schema(
     [
@@ -57,7 +57,8 @@ def explode(batch: pa.Table, record_facts: Any = None) -> tuple[pa.Table, dict[s
         facts = record_facts(get["case_id"][i]) if record_facts is not None else None
         failed = G.check_dialogue(turns, facts, G.is_thought_topic).failures
         for ex in exchanges(turns):
-            side["guards"].append([f"{sp}:{f.guard}" for sp, k in (("doctor", ex.position), ("answer", ex.answer_position))
+            side["guards"].append([f"{sp}:{f.guard}"
+                                   for sp, k in (("doctor", ex.position), ("answer", ex.answer_position))
                                    for f in failed.get(k, ())])
             cols["dialogue_id"].append(get["dialogue_id"][i])
             cols["case_id"].append(get["case_id"][i])

@@ -217,7 +217,8 @@ def format_validity(v: dict) -> list[str]:
             continue
         fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
         lines.append(f"{name:<24}{100 * r['control_hq_share']:>8.1f}%{fmt(r['auc']['patient_ability']):>21}"
-                     f"{fmt(r['auc']['relevance']):>15}{fmt(r['auc']['overall']):>13}  {'yes' if r['separated'] else 'NO'}")
+                     f"{fmt(r['auc']['relevance']):>15}{fmt(r['auc']['overall']):>13}  "
+                     f"{'yes' if r['separated'] else 'NO'}")
     if v.get("separated") is False:
         lines.append("WARNING: the evaluator cannot separate real exchanges from some controls on this data; "
                      "its scores and high-quality pairs are not to be trusted here (see eval/validity.parquet)")

@@ -163,7 +163,8 @@ def build(dst: Any, parts: Parts, cfg: Any, embedder_name: str, embedder_model: 
                 cols["dialogue_ids"] = pa.array([sorted(seen[k][1]) for k in bkeys], pa.list_(pa.string()))
                 cols["case_ids"] = pa.array([sorted(c for c in seen[k][2] if c is not None) for k in bkeys],
                                             pa.list_(pa.string()))
-                writer.write(pa.Table.from_pydict({f.name: cols[f.name] for f in schema}).cast(schema), cfg.row_group_size)
+                writer.write(pa.Table.from_pydict({f.name: cols[f.name] for f in schema}).cast(schema),
+                             cfg.row_group_size)
                 next_id += b.num_rows
 
     recall, by_nprobe, nprobe = _tune(index, kind, nlist, queries, exact, cfg.min_recall)

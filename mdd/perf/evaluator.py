@@ -42,7 +42,8 @@ def held_out_controls(dialogues: list[dict], recipe: str, seed: int = 1) -> list
         pool = []
         for d in dialogues:
             turns = d.get("turns") or []
-            pool += [(d.get("case_id"), _bigrams(turns[i - 1]["text"]), turns[i]["text"]) for i in _patient_slots(turns)]
+            pool += [(d.get("case_id"), _bigrams(turns[i - 1]["text"]), turns[i]["text"])
+                     for i in _patient_slots(turns)]
     out = []
     for d in dialogues:
         turns = [dict(t) for t in (d.get("turns") or [])]
@@ -171,7 +172,8 @@ def relevance_options(dialogues: pa.Table, embedders: dict[str, Any], per_batch:
                      "stage's relevance (α)": relevance_score(lex.z, lex.fit, kind, a),
                      # the type check as a score: 1 when a yes/no or duration question gets an answer of that
                      # kind anywhere in its first clause or text, 0 when not, 0.5 for open questions
-                     "question-type agreement": np.array([_type_agrees(x, y, spec, question_kind) for x, y in zip(q, a)])}
+                     "question-type agreement": np.array([_type_agrees(x, y, spec, question_kind)
+                                                          for x, y in zip(q, a)])}
             for name, emb in embedders.items():
                 e = emb.encode(q + a)
                 sig = signals(e[: len(q)], e[len(q):], ids)

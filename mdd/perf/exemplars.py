@@ -98,7 +98,8 @@ def run_phase(cfg: Config, engine: Any) -> dict[str, Any]:
     return out
 
 
-def exemplar_comparison(cfg: Config, engine: Any, work: str, *, limit: int | None = 6, variants: int = 1) -> dict[str, Any]:
+def exemplar_comparison(cfg: Config, engine: Any, work: str, *, limit: int | None = 6,
+                        variants: int = 1) -> dict[str, Any]:
     """The three phases (see the module docstring) under ``work``; returns figures and ratios."""
     phases: dict[str, dict[str, Any]] = {}
     index = posixpath.join(str(work), "without")

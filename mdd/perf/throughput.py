@@ -104,7 +104,8 @@ def one_repeat(phases: Phases, items: list[Any], in_flight: int, sequential: int
                                                                                    for p in parts]},
         "concurrent": conc.summary(),
         "speedup_vs_sequential": round(conc.dialogues_per_min / seq.dialogues_per_min, 3) if seq.wall_s else None,
-        "speedup_exchanges_per_min": round(conc.exchanges_per_min / seq.exchanges_per_min, 3) if seq.exchanges else None,
+        "speedup_exchanges_per_min": (round(conc.exchanges_per_min / seq.exchanges_per_min, 3)
+                                      if seq.exchanges else None),
         "speedup_output_tok_s": round(conc.output_tok_s / seq.output_tok_s, 3) if seq.output_tokens else None,
     }
     if phases.is_vllm:

@@ -225,7 +225,8 @@ def compare(run: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, A
         "exchanges_wasserstein": wasserstein(a["dist"]["exchanges"], b["dist"]["exchanges"]),
         "turn_chars_wasserstein": {s: wasserstein(a["dist"]["lengths"].get(s, []), b["dist"]["lengths"].get(s, []))
                                    for s in speakers},
-        "speaker_share_js": {k: jensen_shannon(a["speaker_share"][k], b["speaker_share"][k]) for k in ("turns", "chars")},
+        "speaker_share_js": {k: jensen_shannon(a["speaker_share"][k], b["speaker_share"][k])
+                             for k in ("turns", "chars")},
         "topic_coverage_js": jensen_shannon(a["topic_coverage"], b["topic_coverage"]),
         "topic_coverage_mean_abs_diff": round(float(np.mean([abs(a["topic_coverage"][t] - b["topic_coverage"][t])
                                                              for t in topics])), 4),

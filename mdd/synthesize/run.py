@@ -231,7 +231,8 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
                    "cached_by_model": dict(stats.by_model["cached_tokens"]),
                    "cached_prompt_tokens": stats.cached_tokens},
         "fallbacks": dict(stats.fallbacks),
-        "guards": {"enabled": list(sc.dialogue.guards.enabled), "max_regenerations": sc.dialogue.guards.max_regenerations,
+        "guards": {"enabled": list(sc.dialogue.guards.enabled),
+                   "max_regenerations": sc.dialogue.guards.max_regenerations,
                    **stats.guards.summary()},
         "usage_by_model_and_role": stats.by_model_and_role(),
         "speech": stats.speech.summary(),  # jargon share, repeated doctor openers, patient turn lengths, styles

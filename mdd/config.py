@@ -532,6 +532,7 @@ def _describe(err: ValidationError, path: str, given: dict[str, Any] | None = No
         msg = e["msg"].removeprefix("Value error, ")  # our own checks already name their key
         flag = next((k for k in (given or {}) if key == k or key.startswith(k + ".")), None)
         if flag is not None:
+            assert given is not None  # a flag is found only in ``given``
             from_flags.append(f"{flag_of(flag)} {given[flag]}: {msg} (it overrides {flag})")
         else:
             problems.append(f"{key}: {msg}" if key else msg)

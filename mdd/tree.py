@@ -230,7 +230,8 @@ def for_audience(node: Topic, companion_present: bool,
         return node
 
     def keep(n: Topic) -> Topic | None:
-        if n.is_leaf and n.audience == "companion" and not (companion_present and companion_knows(n)):
+        if n.is_leaf and n.audience == "companion" and not (companion_present and companion_knows is not None
+                                                            and companion_knows(n)):
             return None
         kids = [k for c in n.children if (k := keep(c))]
         if n.children and not kids:
@@ -292,7 +293,12 @@ def rand_visit(node: Topic, rng: random.Random) -> list[Topic]:
     for c in children:
         out.extend([c] if c.is_leaf else rand_visit(c, rng))
     seen: set[str] = set()
-    return [t for t in out if not (t.id in seen or seen.add(t.id))]
+    first: list[Topic] = []  # each topic once, where it first comes
+    for t in out:
+        if t.id not in seen:
+            seen.add(t.id)
+            first.append(t)
+    return first
 
 
 def experience_topics(items: Iterable[str], group: str) -> list[Topic]:

@@ -84,7 +84,7 @@ def write_passes(writer: CaseWriter,
     found = [_review(p, w, i) for i, (p, w) in enumerate(zip(plans, first))]
     redo = [i for i, f in enumerate(found) if f]
     second = dict(zip(redo, _write_all(writer, [(plans[i], found[i]) for i in redo])))
-    out = []
+    out: list[tuple[dict[str, Any] | None, list[Finding], list[Finding]]] = []
     for i, plan in enumerate(plans):
         if not found[i]:
             out.append((first[i], [], []))

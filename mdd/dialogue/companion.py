@@ -126,8 +126,8 @@ def choose_companion(case: Case, seed: int, cfg: CompanionConfig) -> Companion |
         pool = parents or ["母亲"]
         weights = [cfg.p_mother if p == "母亲" else 1 - cfg.p_mother for p in pool]
         return Companion.of(rng.choices(pool, weights=weights)[0], case)
-    spouse = [r for r in ("丈夫", "妻子") if r in have]
-    children = [r for r in ("儿子", "女儿") if r in have]
+    spouse: list[str] = [r for r in ("丈夫", "妻子") if r in have]
+    children: list[str] = [r for r in ("儿子", "女儿") if r in have]
     pool = spouse or children or parents
     if case.age >= cfg.elderly_age and children and (not spouse or rng.random() < 0.5):
         pool = children

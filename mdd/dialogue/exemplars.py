@@ -45,6 +45,7 @@ def resolve_index(cfg: ExemplarConfig) -> ExemplarConfig:
     from mdd.index import INDEX_DIR, INDEX_FILE, META_FILE, verify
     from mdd.storage import StorageError, is_uri, open_store
 
+    assert cfg.index is not None  # run only for a configured index (mdd.synthesize.run)
     try:
         store = open_store(cfg.index)
         for name in (INDEX_FILE, META_FILE):

@@ -76,7 +76,7 @@ class Turn:
 
     speaker: str  # doctor | patient | companion | story (the fictitious experience)
     text: str
-    finish_reason: str = "stop"
+    finish_reason: str | None = "stop"  # None: the engine did not say
     previous: str = ""  # the other side's last turn (the doctor: the last answer; the others: the question)
     own: tuple[str, ...] = ()  # the speaker's earlier turns in this dialogue
     asked: tuple[str, ...] = ()  # the doctor's earlier turns (for the doctor's repeat guard)
@@ -374,7 +374,7 @@ def _denies_risk(clause: str, pattern: re.Pattern) -> bool:
     if _compiled()["no_thoughts"].search(clause):
         return True
     m = pattern.search(clause)
-    return bool(m) and bool(re.search(_book()["faithfulness"]["turn_negation_before"], clause[:m.start()]))
+    return m is not None and bool(re.search(_book()["faithfulness"]["turn_negation_before"], clause[:m.start()]))
 
 
 CHECKS: dict[str, Callable[[Turn], Failure | None]] = {

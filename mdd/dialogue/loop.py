@@ -145,8 +145,8 @@ class Dialogue:
         self.doctor_system = persona.system_prompt() + (P.DOCTOR_COMPANION.format(
             relation=self.companion.relation, address=self.companion.address) if self.companion else "")
         s = cfg.sampling
-        free = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, frequency_penalty=s.frequency_penalty,
-                    repetition_penalty=s.repetition_penalty)
+        free: dict[str, Any] = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                    frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty)
         self.sp_doctor = Sampling(max_tokens=s.doctor_max_tokens, min_tokens=s.doctor_min_tokens, **free)
         self.sp_patient = Sampling(max_tokens=s.patient_max_tokens, min_tokens=s.patient_min_tokens, **free)
         self.sp_story = Sampling(max_tokens=s.story_max_tokens,
@@ -282,7 +282,7 @@ class Dialogue:
              grounding: list[str] | None = None) -> None:
         if instruction is not None:
             self.instructions[len(self.turns)] = instruction
-        turn = {"speaker": speaker, "text": text, "topic": topic}
+        turn: dict[str, Any] = {"speaker": speaker, "text": text, "topic": topic}
         if grounding is not None:  # the case-record fields a patient (or companion) turn was written from
             turn["grounding"] = grounding
         self.turns.append(turn)
@@ -402,9 +402,11 @@ class Dialogue:
             self.addressee = addressee(self.topic, self.companion, self.rng, self.cfg.companion.p_either)
         lay_topic = self.patient.lay.topic(self.topic)
         if self.interjected:  # the companion cut in: the doctor checks with the patient
+            assert self.escort is not None  # only a companion interjects
             self.addressee = "patient"
             instruction = self.escort.after_interjection(self.topic)
         elif self.addressee == "companion" and not self.followup:
+            assert self.escort is not None and self.companion is not None  # addressee() names one only if there
             instruction = self.escort.doctor_instruction(self.topic, new_topic=self.new_topic)
             lay_topic = lay_topic.replace("你", self.companion.pron)
         else:

@@ -15,7 +15,7 @@ its dialogue and with the other dialogues of the batch.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +69,7 @@ def explode(batch: pa.Table, record_facts: Any = None) -> tuple[pa.Table, dict[s
             cols["diagnosis"].append(get["diagnosis"][i])
             cols["icd_code"].append(get["icd_code"][i])
             cols["persona"].append(get["doctor_persona"][i])
-            side["grounding"].append(ex.answer.get("grounding"))
+            side["grounding"].append(cast(Mapping[str, Any], ex.answer).get("grounding"))  # a row's turns: mappings
             side["experience"].append(get["experience"][i])
             side["treatment"].append(get["treatment"][i])
     return pa.Table.from_pydict(cols, schema=EXCHANGE_SCHEMA), side

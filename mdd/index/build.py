@@ -77,7 +77,7 @@ def _make_index(dim: int, n: int, cfg: Any) -> tuple[Any, str, int]:
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFScalarQuantizer(quantizer, dim, nlist, sq, faiss.METRIC_INNER_PRODUCT)
     index.own_fields = True
-    quantizer.this.disown()
+    quantizer.this.disown()  # type: ignore[attr-defined]  # SWIG's ownership handle: not in faiss's type hints
     return index, "ivf-sq8", nlist
 
 

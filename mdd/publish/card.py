@@ -111,7 +111,7 @@ def header(run: RunData, license: str, pretty_name: str) -> tuple[dict[str, Any]
         if sch is None:
             continue
         schemas[name] = sch
-        cfg = {"config_name": name, "data_files": [{"split": "train", "path": f"{folder}/*.parquet"}]}
+        cfg: dict[str, Any] = {"config_name": name, "data_files": [{"split": "train", "path": f"{folder}/*.parquet"}]}
         if name == "dialogues":
             cfg["default"] = True
         configs.append(cfg)
@@ -175,7 +175,7 @@ def limitations(run: RunData, engine: str | None, model: str | None) -> list[str
         "Variants of one case share the case's facts: split train/test by `case_id`, not by dialogue.",
     ]
     if run.synth is not None and "turns" in run.synth.column_names:
-        speakers = {t.get("speaker") for ts in run.column("synth", "turns") for t in ts or [] if t}
+        speakers = {t.get("speaker") for ts in run.column("synth", "turns") or [] for t in ts or [] if t}
         if "companion" not in speakers:
             items.append("No companion (family member) speaks in these dialogues: doctor and patient only.")
     return items

@@ -34,7 +34,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Self
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -117,7 +117,7 @@ class ActorPoolEngine(EngineBase):
 
     # ----- launch (driver) ------------------------------------------------------------
     @classmethod
-    def start(cls, cfg: Any, actor_cls: Any, extra: dict[str, Any] | None = None) -> "ActorPoolEngine":
+    def start(cls, cfg: Any, actor_cls: Any, extra: dict[str, Any] | None = None) -> Self:
         """Start ``cfg.vllm.num_engines`` actors of ``actor_cls`` (placed by ``cfg.vllm``: GPUs, CPUs,
         tensor parallelism, restarts) and wait until all are ready. Each actor gets ``cfg.vllm``'s
         options as a dict, with ``extra`` added."""

@@ -65,10 +65,11 @@ def write_cases(out: Store, cases: list[Case]) -> None:
     them). Cases of an earlier run into the same folder stay unless this run has them anew."""
     from mdd.cases import case_fields
 
-    rows = {c.case_id: {"case_id": c.case_id, "age": c.age_public, "gender": c.gender, "icd_code": c.icd_code,
-                        "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
-                        "masked": list(c.masked), "source": c.source, "profile": c.profile,
-                        "plan_seed": c.plan_seed} for c in cases}
+    rows: dict[str, dict[str, Any]] = {
+        c.case_id: {"case_id": c.case_id, "age": c.age_public, "gender": c.gender, "icd_code": c.icd_code,
+                    "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
+                    "masked": list(c.masked), "source": c.source, "profile": c.profile, "plan_seed": c.plan_seed}
+        for c in cases}
     if out.is_file("cases.parquet"):
         try:
             old_table = out.read_table("cases.parquet")

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 RECIPES = ("moved_within_dialogue", "moved_across_dialogues", "filler", "diagnosis_leak", "echo", "loop", "role_swap")
 
 
-def auc(real: Sequence[float], control: Sequence[float]) -> float | None:
+def auc(real: Sequence[float] | np.ndarray, control: Sequence[float] | np.ndarray) -> float | None:
     """P(real > control) + ½ P(real = control) (Mann–Whitney); NaNs dropped; None when a side is empty."""
     r = np.asarray(real, dtype=np.float64)
     c = np.asarray(control, dtype=np.float64)

@@ -105,6 +105,7 @@ def measure(dialogues: pa.Table, embedder: Any, spaces: str = "lexical", per_bat
     rows = dialogues.to_pylist()
     t0 = time.perf_counter()
     real = score_dialogues(_scorer_for(rows, embedder, spaces, records), rows, per_batch)
+    assert real is not None, "no exchanges to score"
     real_s = time.perf_counter() - t0
     r_pa = real.column("patient_ability").to_numpy()
     r_rel = real.column("relevance").to_numpy()
@@ -119,6 +120,7 @@ def measure(dialogues: pa.Table, embedder: Any, spaces: str = "lexical", per_bat
     for recipe in recipes:
         ctrl_rows = make_controls(rows, recipe) if recipe in TUNED else held_out_controls(rows, recipe)
         ctrl = score_dialogues(_scorer_for(ctrl_rows, embedder, spaces, records), ctrl_rows, per_batch)
+        assert ctrl is not None, f"{recipe}: no control exchanges to score"
         c_hq = ctrl.column("high_quality").to_numpy(zero_copy_only=False)
         c_reasons = ctrl.column("hq_reason").to_pylist()
         result["recipes"][recipe] = {
@@ -247,7 +249,8 @@ def scoring_cost(dialogues: pa.Table, repeats: int = 3, per_batch: int = 12) -> 
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) / len(rows))
-    stats = {k: {"min": min(v), "median": float(np.median(v)), "max": max(v)} for k, v in times.items()}
+    stats: dict[str, Any] = {k: {"min": min(v), "median": float(np.median(v)), "max": max(v)}
+                             for k, v in times.items()}
     stats["ratio_stage_over_seed_median"] = stats["stage"]["median"] / stats["seed"]["median"]
     stats["dialogues"] = len(rows)
     return stats

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
-from typing import Any
+from typing import Any, Sequence
 
 from mdd.perf import replay
 from mdd.perf.phases import PhaseResult, Phases, sample
@@ -41,7 +41,7 @@ RATIOS = ("speedup_vs_sequential", "speedup_exchanges_per_min", "speedup_output_
           "engine_utilization_one_in_flight", "prefix_cache_hit_rate")
 
 
-def spread(values: list[float]) -> dict[str, float]:
+def spread(values: Sequence[float | None]) -> dict[str, float]:
     vs = [v for v in values if v is not None]
     if not vs:
         return {}

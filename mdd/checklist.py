@@ -3,7 +3,8 @@
 One list drives asking and checking: :func:`plan_for` gives a case's required items and the
 modules its diagnoses attach; the agenda (:mod:`mdd.dialogue.agenda`) asks every required
 item's topic, and every item becomes a rule (:func:`mdd.evaluate.rule_set.checklist_rules`) for
-the diagnoses that require it, judged by :mod:`mdd.evaluate.rules`. :func:`coverage_matrix` reports the result as ICD prefix x item.
+the diagnoses that require it, judged by :mod:`mdd.evaluate.rules`. :func:`coverage_matrix` reports the
+result as ICD prefix x item.
 """
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ def parse(data: Any, source: str = "checklists.yaml") -> Checklist:
 
     classes = {str(c): expand((v or {}).get("bundles"), f"{source}: classes.{c}.bundles")
                for c, v in (data.get("classes") or {}).items()}
-    module_ids = {m.get("id") for m in knowledge.module_data()}
+    module_ids: set[Any] = {m.get("id") for m in knowledge.module_data()}  # each module file's `id`
     diagnoses: dict[str, Diagnosis] = {}
     for prefix, raw in (data.get("diagnoses") or {}).items():
         where = f"{source}: diagnoses.{prefix}"
@@ -226,7 +227,7 @@ AGE_TOP = 150
 def age_cuts() -> tuple[int, ...]:
     """Every age at which a test of the checklist (``by_age``) or of a rule set's ``meta`` (``age_min``,
     ``age_max`` + 1) changes its answer: the bounds of a row's ``age_range``."""
-    cuts = set()
+    cuts: set[int] = set()
     for r in load().by_age:
         cuts.update(x for x in (r.age_min, None if r.age_max is None else r.age_max + 1) if x is not None)
     for path in sorted((knowledge.HERE / "rules").glob("*.yaml")):

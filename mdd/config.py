@@ -532,6 +532,7 @@ def _describe(err: ValidationError, path: str, given: dict[str, Any] | None = No
         msg = e["msg"].removeprefix("Value error, ")  # our own checks already name their key
         flag = next((k for k in (given or {}) if key == k or key.startswith(k + ".")), None)
         if flag is not None:
+            assert given is not None  # a flag is found only in ``given``
             from_flags.append(f"{flag_of(flag)} {given[flag]}: {msg} (it overrides {flag})")
         else:
             problems.append(f"{key}: {msg}" if key else msg)
@@ -561,7 +562,8 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
         except yaml.YAMLError as exc:  # the position and the problem, not the text around it
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            raise ConfigError(f"{src}: not valid YAML{where}: {getattr(exc, 'problem', None) or type(exc).__name__}") from None
+            raise ConfigError(f"{src}: not valid YAML{where}: "
+                              f"{getattr(exc, 'problem', None) or type(exc).__name__}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{src}: the top level must be a mapping")
     for dotted, value in (overrides or {}).items():

@@ -46,7 +46,7 @@ def _load_label(path: Path | None, case_id: str, rejects: list[dict]) -> tuple[s
     return code, diag
 
 
-def _by_number(folder: Path | None, pattern: re.Pattern, what: str, rejects: list[dict]) -> dict[int, Path]:
+def _by_number(folder: str | Path | None, pattern: re.Pattern, what: str, rejects: list[dict]) -> dict[int, Path]:
     """``{case number: file}``; a second file for the same number (patient_01 beside patient_1) is a reject."""
     found: dict[int, Path] = {}
     if folder is None or not Path(folder).is_dir():

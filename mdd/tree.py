@@ -173,7 +173,8 @@ def _attach(node: Topic, target: str, extra: Iterable[Topic]) -> tuple[Topic, bo
 def _module_group(mod: dict[str, Any]) -> Topic:
     """A module's nodes as one group (its questions stay together wherever the group lands)."""
     where = f"modules/{mod['id']}"
-    nodes = tuple(_stamp(parse_node(n, where, mod.get("audience", "patient")), mod["id"]) for n in mod.get("nodes") or ())
+    nodes = tuple(_stamp(parse_node(n, where, mod.get("audience", "patient")), mod["id"])
+                  for n in mod.get("nodes") or ())
     group = parse_node({"id": f"module_{mod['id']}", "topic": mod.get("topic") or mod["id"],
                         "order": mod.get("order", "random"), "anchor": mod.get("anchor"),
                         "after": mod.get("after")}, where)
@@ -213,7 +214,8 @@ def build_tree(case: Case, modules: Iterable[str] = ()) -> Topic:
         group = replace(group, children=tuple(c for c in group.children if c.id not in have))
         root, ok = _attach(root, mod["attach_to"], [group])
         if not ok:
-            raise knowledge.KnowledgeError(f"module {mod['id']}: attach_to {mod['attach_to']!r} is not a node of {name}")
+            raise knowledge.KnowledgeError(f"module {mod['id']}: attach_to {mod['attach_to']!r} "
+                                           f"is not a node of {name}")
     pruned = _prune(root, case)
     assert pruned is not None
     return pruned
@@ -228,7 +230,8 @@ def for_audience(node: Topic, companion_present: bool,
         return node
 
     def keep(n: Topic) -> Topic | None:
-        if n.is_leaf and n.audience == "companion" and not (companion_present and companion_knows(n)):
+        if n.is_leaf and n.audience == "companion" and not (companion_present and companion_knows is not None
+                                                            and companion_knows(n)):
             return None
         kids = [k for c in n.children if (k := keep(c))]
         if n.children and not kids:
@@ -290,7 +293,12 @@ def rand_visit(node: Topic, rng: random.Random) -> list[Topic]:
     for c in children:
         out.extend([c] if c.is_leaf else rand_visit(c, rng))
     seen: set[str] = set()
-    return [t for t in out if not (t.id in seen or seen.add(t.id))]
+    first: list[Topic] = []  # each topic once, where it first comes
+    for t in out:
+        if t.id not in seen:
+            seen.add(t.id)
+            first.append(t)
+    return first
 
 
 def experience_topics(items: Iterable[str], group: str) -> list[Topic]:

@@ -4,17 +4,19 @@ Each rule reads the validated record (:class:`mdd.cases.Case`) and returns :clas
 (case id, rule, field, reason); reasons name the rule's own words and figures, never a quoted span of
 the record. The rules' knowledge is ``mdd/knowledge/case_rules.yaml``.
 
-| rule | what it catches |
-| --- | --- |
-| ``age_occupation`` | a school stage that does not fit the age, a job under 16, retirement under 45 |
-| ``age_marital`` | married, divorced, widowed or with children under 18 |
-| ``gender_specific`` | menstruation, pregnancy or childbirth of a man; male-only items of a woman; menstruation before 8, pregnancy outside 14-50, a regular cycle at 60+ |
-| ``diagnosis_symptoms`` | a diagnosis none of whose symptoms the history or the exam asserts |
-| ``duration_criteria`` | a chief complaint's duration under (or over) the diagnosis' criteria |
-| ``treatment_age`` | a drug below the age it is written for |
-| ``treatment_diagnosis`` | a stimulant without ADHD, an antidepressant in bipolar disorder without a mood stabilizer or an antipsychotic, a psychotic disorder treated with drugs but no antipsychotic |
-| ``treatment_pregnancy`` | a drug avoided in pregnancy or breastfeeding given to a pregnant or breastfeeding woman |
-| ``mse_history`` | the mental state exam asserting what the history denies and never affirms |
+The rules, and what each catches:
+
+- ``age_occupation``: a school stage that does not fit the age, a job under 16, retirement under 45
+- ``age_marital``: married, divorced, widowed or with children under 18
+- ``gender_specific``: menstruation, pregnancy or childbirth of a man; male-only items of a woman;
+  menstruation before 8, pregnancy outside 14-50, a regular cycle at 60+
+- ``diagnosis_symptoms``: a diagnosis none of whose symptoms the history or the exam asserts
+- ``duration_criteria``: a chief complaint's duration under (or over) the diagnosis' criteria
+- ``treatment_age``: a drug below the age it is written for
+- ``treatment_diagnosis``: a stimulant without ADHD, an antidepressant in bipolar disorder without a mood
+  stabilizer or an antipsychotic, a psychotic disorder treated with drugs but no antipsychotic
+- ``treatment_pregnancy``: a drug avoided in pregnancy or breastfeeding given to a pregnant or breastfeeding woman
+- ``mse_history``: the mental state exam asserting what the history denies and never affirms
 """
 from __future__ import annotations
 
@@ -133,12 +135,14 @@ def age_marital(case: Case) -> list[Finding]:
 
 # --- gender -----------------------------------------------------------------------------------
 
-_OTHER_PERSON = re.compile(r"妻子|爱人|老婆|女友|女朋友|丈夫|老公|男友|男朋友|母亲|妈妈|姐姐|妹妹|女儿|儿媳|嫂|父亲|儿子")
+_OTHER_PERSON = re.compile(r"妻子|爱人|老婆|女友|女朋友|丈夫|老公|男友|男朋友|"
+                           r"母亲|妈妈|姐姐|妹妹|女儿|儿媳|嫂|父亲|儿子")
 
 
 def _own_clauses(case: Case) -> list[tuple[str, str]]:
     """(field, clause) of the patient's own history: other people's clauses (a wife's pregnancy) left out."""
-    fields = [("主诉", case.complaint), ("现病史", case.present_illness), ("重要或相关躯体疾病史", case.physical_history)]
+    fields = [("主诉", case.complaint), ("现病史", case.present_illness),
+              ("重要或相关躯体疾病史", case.physical_history)]
     if isinstance(case.personal, dict):
         fields += [(f"个人史.{k}", v) for k, v in case.personal.items() if k != "婚恋情况"]
     else:
@@ -195,7 +199,8 @@ def diagnosis_symptoms(case: Case) -> list[Finding]:
 
 
 _CN = {"一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9, "十": 10}
-_DUR = re.compile(r"(\d+(?:\.\d+)?|[一二两三四五六七八九十]+|半)\s*(?:余|多)?\s*个?\s*(天|日|周|星期|月|年)(余|多)?(半)?(?!前)")
+_DUR = re.compile(r"(\d+(?:\.\d+)?|[一二两三四五六七八九十]+|半)\s*(?:余|多)?\s*个?\s*"
+                  r"(天|日|周|星期|月|年)(余|多)?(半)?(?!前)")
 _UNIT = {"天": 1, "日": 1, "周": 7, "星期": 7, "月": 30, "年": 365}
 
 
@@ -281,7 +286,8 @@ def treatment_diagnosis(case: Case) -> list[Finding]:
     classes = _classes(drugs)
     prefixes = {c[:3].upper() for c in case.icd_codes}
     if "stimulant" in classes and not prefixes & set(k["stimulant_prefixes"]):
-        out.append(Finding(case.case_id, "treatment_diagnosis", "处理意见", "a stimulant without an ADHD diagnosis (F90)"))
+        out.append(Finding(case.case_id, "treatment_diagnosis", "处理意见",
+                           "a stimulant without an ADHD diagnosis (F90)"))
     if (prefixes & set(k["bipolar_prefixes"]) and "antidepressant" in classes
             and not classes & {"mood_stabilizer", "antipsychotic"}):
         out.append(Finding(case.case_id, "treatment_diagnosis", "处理意见",

@@ -74,13 +74,13 @@ def near_duplicates(texts: Sequence[str], threshold: float = NEAR_DUPLICATE, chu
 
 def expected_attributes(firsts: Sequence[str], profile: Profile) -> tuple[dict[str, float], dict[str, float]]:
     """The age-band and gender mix the profile expects for cases with these first diagnoses (ICD prefixes)."""
-    bands: Counter = Counter()
+    bands: dict[str, float] = {}
     female = 0.0
     for first in firsts:
         table = profile.age.get(first) or profile.age["default"]
         total = sum(table.values())
         for b, w in table.items():
-            bands[b] += w / total
+            bands[b] = bands.get(b, 0) + w / total
         female += profile.female_share.get(first, profile.female_share.get("default", 0.5))
     n = max(len(firsts), 1)
     return {b: v / n for b, v in bands.items()}, {"女": female / n, "男": 1 - female / n}

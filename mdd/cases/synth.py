@@ -76,14 +76,15 @@ def _review(plan: CasePlan, written: Any, position: int) -> list[Finding]:
     return review(written, position)[1]
 
 
-def write_passes(writer: CaseWriter, plans: list[CasePlan]) -> list[tuple[dict[str, Any] | None, list[Finding], list[Finding]]]:
+def write_passes(writer: CaseWriter,
+                 plans: list[CasePlan]) -> list[tuple[dict[str, Any] | None, list[Finding], list[Finding]]]:
     """Per plan: (record or None, first-pass findings, findings left after the repair pass). The first
     pass writes every plan; the second rewrites those with findings, told which rules failed."""
     first = _write_all(writer, [(p, []) for p in plans])
     found = [_review(p, w, i) for i, (p, w) in enumerate(zip(plans, first))]
     redo = [i for i, f in enumerate(found) if f]
     second = dict(zip(redo, _write_all(writer, [(plans[i], found[i]) for i in redo])))
-    out = []
+    out: list[tuple[dict[str, Any] | None, list[Finding], list[Finding]]] = []
     for i, plan in enumerate(plans):
         if not found[i]:
             out.append((first[i], [], []))
@@ -93,7 +94,8 @@ def write_passes(writer: CaseWriter, plans: list[CasePlan]) -> list[tuple[dict[s
     return out
 
 
-def write_one(writer: CaseWriter, plan: CasePlan, position: int) -> tuple[dict[str, Any] | None, list[Finding], list[Finding]]:
+def write_one(writer: CaseWriter, plan: CasePlan,
+              position: int) -> tuple[dict[str, Any] | None, list[Finding], list[Finding]]:
     """(record or None, first-pass findings, findings left after the repair pass) of one plan."""
     return write_passes(writer, [plan])[0]
 
@@ -127,7 +129,8 @@ def synthesize_cases(n: int, profile: str, out: str | Path, seed: int = 0,
                              rejected_by_rule=dict(rejected_by_rule), diversity=diversity(records, kept, prof))
     result.seconds = round(time.perf_counter() - t0, 2)
     (out / "synthesis.json").write_text(json.dumps({"profile": prof.name, "profile_source": prof.source, "seed": seed,
-                                                    "writer": writer.name, "writer_model": getattr(writer, "model", None),
+                                                    "writer": writer.name,
+                                                    "writer_model": getattr(writer, "model", None),
                                                     "writer_usage": dict(getattr(writer, "usage", {}) or {}),
                                                     **result.summary()},
                                                    ensure_ascii=False, indent=2), encoding="utf-8")

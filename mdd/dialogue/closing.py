@@ -22,7 +22,8 @@ PRESCRIPTION = re.compile(
     r"|[A-Z]\d{2}\.[0-9xX]", re.IGNORECASE)
 _PACKAGE = re.compile(r"\d+(?:\.\d+)?\s*(?:mg|g|ml|μg|ug)(?:\s*[\*×xX]\s*\d+\s*[片粒袋支丸]\s*/\s*[盒瓶板袋])?"
                       r"(?:\s+\d+\s*[片粒盒板瓶袋支](?=\s|$))*", re.IGNORECASE)
-_DRUG = re.compile(r"^(?P<name>[^\s\d（(]+?(?:片|胶囊|粒|缓释片|口服液|颗粒|滴剂)(?:[（(][^）)]*[）)])?)\s*(?P<rest>.*)$")
+_DRUG = re.compile(r"^(?P<name>[^\s\d（(]+?(?:片|胶囊|粒|缓释片|口服液|颗粒|滴剂)(?:[（(][^）)]*[）)])?)"
+                   r"\s*(?P<rest>.*)$")
 _FORM = re.compile(r"(?:肠溶|缓释)?(?:片|胶囊|口服液|颗粒|滴剂)(?=[（(]|$)")
 _SCALE = re.compile(r"[^\s；;。]*?(?:量表|问卷|指数|检查)(?:[（(][^）)]*[）)])?\s*\d*")
 _NUMBERED = re.compile(r"\s(?=\d+\s*[\.、．](?!\d))")

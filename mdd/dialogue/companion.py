@@ -51,8 +51,9 @@ class Companion:
     @classmethod
     def of(cls, relation: str, case: Case) -> "Companion":
         r = book()["relations"][relation]
-        return cls(relation=relation, address=str(r["address"]), called=str(r["called"]), kin=str(r["kin"][case.gender]),
-                   pron="她" if case.gender == "女" else "他", parent=bool(r.get("parent")))
+        return cls(relation=relation, address=str(r["address"]), called=str(r["called"]),
+                   kin=str(r["kin"][case.gender]), pron="她" if case.gender == "女" else "他",
+                   parent=bool(r.get("parent")))
 
     def can_answer(self, topic: Topic, case: Case) -> bool:
         """Only a parent speaks to pregnancy, birth and early development, and only when the case
@@ -125,8 +126,8 @@ def choose_companion(case: Case, seed: int, cfg: CompanionConfig) -> Companion |
         pool = parents or ["母亲"]
         weights = [cfg.p_mother if p == "母亲" else 1 - cfg.p_mother for p in pool]
         return Companion.of(rng.choices(pool, weights=weights)[0], case)
-    spouse = [r for r in ("丈夫", "妻子") if r in have]
-    children = [r for r in ("儿子", "女儿") if r in have]
+    spouse: list[str] = [r for r in ("丈夫", "妻子") if r in have]
+    children: list[str] = [r for r in ("儿子", "女儿") if r in have]
     pool = spouse or children or parents
     if case.age >= cfg.elderly_age and children and (not spouse or rng.random() < 0.5):
         pool = children
@@ -152,18 +153,19 @@ class CompanionRole:
         return text
 
     def system_prompt(self) -> str:
-        c, w, l = self.case, self.who, self.lay
+        c, w, words = self.case, self.who, self.lay
         development = ""
         if w.parent:
-            dev = "；".join(x for x in (l.text(c.section("个人史", "孕产情况"), w.pron),
-                                        l.text(c.section("个人史", "发育情况"), w.pron)) if x)
+            dev = "；".join(x for x in (words.text(c.section("个人史", "孕产情况"), w.pron),
+                                        words.text(c.section("个人史", "发育情况"), w.pron)) if x)
             development = P.COMPANION_DEVELOPMENT.format(pron=w.pron, text=dev) if dev else ""
         self.system = P.COMPANION_SYSTEM.format(
             relation=w.relation, kin=w.kin, pron=w.pron, age=c.age_public, gender=P.gender_word(c.gender),
-            work=l.text(c.section("个人史", "工作、学习情况") or c.section("个人史", "工作情况"), w.pron) or "没说",
-            complaint=l.text(c.complaint, w.pron), present=self._mine(l.text(c.present_illness, w.pron)),
-            physical=l.text(c.physical_history, w.pron) or "没什么", family=l.text(c.family_history, w.pron) or "没什么",
-            personal=personal_text(c, l, w.pron), development=development,
+            work=words.text(c.section("个人史", "工作、学习情况") or c.section("个人史", "工作情况"), w.pron) or "没说",
+            complaint=words.text(c.complaint, w.pron), present=self._mine(words.text(c.present_illness, w.pron)),
+            physical=words.text(c.physical_history, w.pron) or "没什么",
+            family=words.text(c.family_history, w.pron) or "没什么",
+            personal=personal_text(c, words, w.pron), development=development,
             attitude=book()["attitude"].format(kin=w.kin),
         )
         return self.system

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mdd.errors import MddError
 from mdd.config import ExemplarConfig
+from mdd.errors import MddError
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,13 @@ def resolve_index(cfg: ExemplarConfig) -> ExemplarConfig:
     from mdd.index import INDEX_DIR, INDEX_FILE, META_FILE, verify
     from mdd.storage import StorageError, is_uri, open_store
 
+    assert cfg.index is not None  # run only for a configured index (mdd.synthesize.run)
     try:
         store = open_store(cfg.index)
         for name in (INDEX_FILE, META_FILE):
             if not store.is_file(f"{INDEX_DIR}/{name}"):
-                raise ExemplarError(f"synth.dialogue.exemplars.index: {store.display(INDEX_DIR + '/' + name)} not found "
+                raise ExemplarError("synth.dialogue.exemplars.index: "
+                                    f"{store.display(INDEX_DIR + '/' + name)} not found "
                                     "(run the evaluation there first: it writes the index)")
         verify(store)  # IndexDamaged: a damaged index or sidecar, before any dialogue runs
     except ExemplarError:

@@ -28,7 +28,8 @@ def life_situations(case: Case) -> set[str]:
     s: set[str] = set()
     if "退休" in work or (case.age >= 60 and not re.search(r"在职|仍在工作|返聘", work)):
         s.add("retired")
-    elif case.age <= 18 or (case.age <= 35 and re.search(r"学生|在读|上学|读书|初[一二三]|高[一二三]|大[一二三四]|研究生|休学", work)):
+    elif case.age <= 18 or (case.age <= 35
+                            and re.search(r"学生|在读|上学|读书|初[一二三]|高[一二三]|大[一二三四]|研究生|休学", work)):
         s.add("student")
     if "retired" not in s and case.age >= 16 and (
             "student" not in s or re.search(r"工作|职员|工人|公司|上班|经商|个体|兼职|打工", work)):

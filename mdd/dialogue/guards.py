@@ -76,7 +76,7 @@ class Turn:
 
     speaker: str  # doctor | patient | companion | story (the fictitious experience)
     text: str
-    finish_reason: str = "stop"
+    finish_reason: str | None = "stop"  # None: the engine did not say
     previous: str = ""  # the other side's last turn (the doctor: the last answer; the others: the question)
     own: tuple[str, ...] = ()  # the speaker's earlier turns in this dialogue
     asked: tuple[str, ...] = ()  # the doctor's earlier turns (for the doctor's repeat guard)
@@ -264,7 +264,8 @@ def loop(t: Turn) -> Failure | None:
         if len(b) >= int(lp["clause_chars"]):
             counts[b] = counts.get(b, 0) + 1
     for b, n in counts.items():
-        if n >= int(lp["clause_repeats"]) or (len(b) >= int(lp["long_clause_chars"]) and n >= int(lp["long_clause_repeats"])):
+        if n >= int(lp["clause_repeats"]) or (len(b) >= int(lp["long_clause_chars"])
+                                              and n >= int(lp["long_clause_repeats"])):
             return Failure("loop", f"the clause {b[:16]!r} {n} times")
     return None
 
@@ -373,7 +374,7 @@ def _denies_risk(clause: str, pattern: re.Pattern) -> bool:
     if _compiled()["no_thoughts"].search(clause):
         return True
     m = pattern.search(clause)
-    return bool(m) and bool(re.search(_book()["faithfulness"]["turn_negation_before"], clause[:m.start()]))
+    return m is not None and bool(re.search(_book()["faithfulness"]["turn_negation_before"], clause[:m.start()]))
 
 
 CHECKS: dict[str, Callable[[Turn], Failure | None]] = {

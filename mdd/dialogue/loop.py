@@ -16,23 +16,21 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from mdd.cases import Case
-from mdd.config import DialogueConfig
+from mdd.cases import Case, case_fields
 from mdd.checklist import age_range
-from mdd.dialogue import guards, ops
+from mdd.config import DialogueConfig
+from mdd.dialogue import guards, ops, wording
 from mdd.dialogue import prompts as P
 from mdd.dialogue.agenda import TopicAgenda
-from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
-from mdd.dialogue import wording
 from mdd.dialogue.closing import spoken_closing
 from mdd.dialogue.companion import CompanionRole, addressee
+from mdd.dialogue.exemplars import ExemplarRetriever, instruction_block
 from mdd.dialogue.patient import PatientRole
 from mdd.dialogue.setting import agenda_for, companion_of, style_of
 from mdd.dialogue.views import agent_view
-from mdd.cases import case_fields
+from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.record import DialogueRecord, Turn, doctor_turns
 from mdd.record.speech import jargon_turns
-from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 from mdd.tree import Topic
 
 ROLES = ("doctor", "patient", "companion", "tool")
@@ -147,12 +145,14 @@ class Dialogue:
         self.doctor_system = persona.system_prompt() + (P.DOCTOR_COMPANION.format(
             relation=self.companion.relation, address=self.companion.address) if self.companion else "")
         s = cfg.sampling
-        free = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, frequency_penalty=s.frequency_penalty,
-                    repetition_penalty=s.repetition_penalty)
+        free: dict[str, Any] = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                    frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty)
         self.sp_doctor = Sampling(max_tokens=s.doctor_max_tokens, min_tokens=s.doctor_min_tokens, **free)
         self.sp_patient = Sampling(max_tokens=s.patient_max_tokens, min_tokens=s.patient_min_tokens, **free)
-        self.sp_story = Sampling(max_tokens=s.story_max_tokens, **{**free, "frequency_penalty": s.story_frequency_penalty})
-        self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens, choice=(ops.YES, ops.NO))
+        self.sp_story = Sampling(max_tokens=s.story_max_tokens,
+                                 **{**free, "frequency_penalty": s.story_frequency_penalty})
+        self.sp_verdict = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.verdict_max_tokens,
+                                   choice=(ops.YES, ops.NO))
         self.sp_json = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.json_max_tokens)
 
     # --- the engine, with accounting and per-call seeds -----------------------------------
@@ -282,7 +282,7 @@ class Dialogue:
              grounding: list[str] | None = None) -> None:
         if instruction is not None:
             self.instructions[len(self.turns)] = instruction
-        turn = {"speaker": speaker, "text": text, "topic": topic}
+        turn: dict[str, Any] = {"speaker": speaker, "text": text, "topic": topic}
         if grounding is not None:  # the case-record fields a patient (or companion) turn was written from
             turn["grounding"] = grounding
         self.turns.append(turn)
@@ -402,9 +402,11 @@ class Dialogue:
             self.addressee = addressee(self.topic, self.companion, self.rng, self.cfg.companion.p_either)
         lay_topic = self.patient.lay.topic(self.topic)
         if self.interjected:  # the companion cut in: the doctor checks with the patient
+            assert self.escort is not None  # only a companion interjects
             self.addressee = "patient"
             instruction = self.escort.after_interjection(self.topic)
         elif self.addressee == "companion" and not self.followup:
+            assert self.escort is not None and self.companion is not None  # addressee() names one only if there
             instruction = self.escort.doctor_instruction(self.topic, new_topic=self.new_topic)
             lay_topic = lay_topic.replace("你", self.companion.pron)
         else:
@@ -439,7 +441,8 @@ class Dialogue:
             return Phase.NEXT_TOPIC
         self.checking = last_answer if self.interjected else ""
         self.reask = self.interjected = False
-        self._say("doctor", self.question, self.topic.topic, asked if self.cfg.exemplars.keep_in_history else instruction)
+        self._say("doctor", self.question, self.topic.topic,
+                  asked if self.cfg.exemplars.keep_in_history else instruction)
         if shown:
             self.turns[-1]["exemplars"] = [e.id for e in shown]
         return Phase.ANSWER

@@ -17,8 +17,8 @@ from typing import Any, Awaitable, Callable
 from mdd import knowledge
 from mdd.cases import Case
 from mdd.dialogue import prompts as P
-from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue import wording
+from mdd.dialogue.agenda import TopicAgenda
 from mdd.dialogue.experience import fitting_triples, life_situations  # noqa: F401 (life_situations: API)
 from mdd.dialogue.lay import lay
 from mdd.engines.base import Completion, Message, Sampling

@@ -15,7 +15,8 @@ from mdd.dialogue.companion import Companion, CompanionRole, choose_companion
 from mdd.dialogue.patient import Style, choose_style
 
 
-def setting(personas: list[ops.Persona], case: Case, run_seed: int, variant: int) -> tuple[ops.Persona, tuple[str, str, str]]:
+def setting(personas: list[ops.Persona], case: Case, run_seed: int,
+            variant: int) -> tuple[ops.Persona, tuple[str, str, str]]:
     """The doctor persona and the experience triple of a (case, variant), drawn from the run seed."""
     persona = ops.choose_persona(personas, run_seed, case.case_id, variant)
     return persona, ops.sample_triples(case, run_seed, variant + 1)[variant]

@@ -9,7 +9,7 @@ heavy dependencies lazily, so the scripted dry run never imports vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, Literal, Protocol, TypeVar, runtime_checkable
 
 from mdd.errors import MddError
 
@@ -119,17 +119,20 @@ class EngineEntry:
     (under the engine's name: ``engine.vllm``); ``None``: it needs the model name alone (and so can be
     hosted in the pool's actors, ``engine.vllm.hosted``)."""
 
-    cls: type
+    cls: type[EngineBase]
     options: type | None = None
 
 
 _ENGINES: dict[str, EngineEntry] = {}
 
 
-def register_engine(name: str, *, options: type | None = None) -> Callable[[type], type]:
+E = TypeVar("E", bound="EngineBase")
+
+
+def register_engine(name: str, *, options: type | None = None) -> Callable[[type[E]], type[E]]:
     """Class decorator: the engine a config names ``name`` (``engine.name``), reading ``options``."""
 
-    def register(cls: type) -> type:
+    def register(cls: type[E]) -> type[E]:
         old = _ENGINES.get(name)
         if old is not None and old.cls.__qualname__ != cls.__qualname__:
             raise ValueError(f"engine {name!r}: registered twice ({old.cls.__qualname__}, {cls.__qualname__})")
@@ -144,7 +147,7 @@ def registered_engines() -> dict[str, EngineEntry]:
     return dict(_ENGINES)
 
 
-def engine_class(name: str) -> type:
+def engine_class(name: str) -> type[EngineBase]:
     """Resolve an engine name (the part of the config string before ``/``) to its class."""
     key = name.split("/", 1)[0].strip().lower()
     if key not in _ENGINES:

@@ -34,7 +34,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Self
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -107,7 +107,8 @@ class ActorPoolEngine(EngineBase):
         self._rr = random.randrange(n)
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("actors", "model", "placement_groups", "stats_refresh_s", "session_ttl_s", "max_sessions", "launch_info", "launch_s")
+        keep = ("actors", "model", "placement_groups", "stats_refresh_s", "session_ttl_s", "max_sessions",
+                "launch_info", "launch_s")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -116,7 +117,7 @@ class ActorPoolEngine(EngineBase):
 
     # ----- launch (driver) ------------------------------------------------------------
     @classmethod
-    def start(cls, cfg: Any, actor_cls: Any, extra: dict[str, Any] | None = None) -> "ActorPoolEngine":
+    def start(cls, cfg: Any, actor_cls: Any, extra: dict[str, Any] | None = None) -> Self:
         """Start ``cfg.vllm.num_engines`` actors of ``actor_cls`` (placed by ``cfg.vllm``: GPUs, CPUs,
         tensor parallelism, restarts) and wait until all are ready. Each actor gets ``cfg.vllm``'s
         options as a dict, with ``extra`` added."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 ROLES = ("doctor", "patient", "companion", "tool", "judge")
-SYNTH_ROLES = ("doctor", "patient", "companion", "tool")  # the roles a synthesis calls (companion: a family member who came along)
+# the roles a synthesis calls (companion: a family member who came along)
+SYNTH_ROLES = ("doctor", "patient", "companion", "tool")
 
 
 def role_of(agent: str) -> str:

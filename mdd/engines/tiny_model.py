@@ -23,6 +23,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import cast
 
 DEFAULT_DIR = Path(".cache") / "models" / "mdd-tiny"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>")
@@ -153,7 +154,9 @@ def _build_into(out: Path, seed: int) -> None:
 
     vocab = len(fast)
     vocab_padded = ((vocab + 63) // 64) * 64
-    cfg = Qwen2Config(
+    # transformers' hints name only the declared parameters; the config keeps other keys (head_dim,
+    # rope_theta, torch_dtype) as attributes, and the built model reads them
+    cfg = Qwen2Config(  # type: ignore[call-arg]
         vocab_size=vocab_padded,
         hidden_size=128,
         intermediate_size=256,
@@ -164,9 +167,9 @@ def _build_into(out: Path, seed: int) -> None:
         max_position_embeddings=8192,
         rope_theta=10000.0,
         tie_word_embeddings=True,
-        bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=cast(int, fast.convert_tokens_to_ids("<|endoftext|>")),  # one token in: one id out
         eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
+        pad_token_id=cast(int, fast.convert_tokens_to_ids("<|endoftext|>")),
         torch_dtype="float32",
     )
     torch.manual_seed(seed)

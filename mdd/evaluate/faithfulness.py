@@ -159,6 +159,7 @@ def score_record_faithfulness(answers: Sequence[str], case_ids: Sequence[str | N
         if not fields:
             out.append(None)
             continue
+        assert cid is not None  # fields come only with a case id
         if cid not in cache:
             cache[cid] = RecordStances(fields, lex)
         out.append(score_answer(a, cache[cid], g, exp))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -247,7 +247,7 @@ def decide(
         elif leaks(a, label_cache[key], spec):
             reasons.append("leak")
         elif records[i] and len(_PUNCT.sub("", a)) >= spec.copy_min_chars and \
-                copied_share(a, records[i], spec.copy_min_run) > spec.copy_max_share:
+                copied_share(a, cast(str, records[i]), spec.copy_min_run) > spec.copy_max_share:
             reasons.append("record_copy")
         elif not terse_ok and (relevance_z[i] < spec.min_z or relevance_fit[i] < spec.min_fit):
             reasons.append("off_question")

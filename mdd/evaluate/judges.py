@@ -102,7 +102,7 @@ ANCHOR_PROMPT = """以下是{doctor}与{patient}的对话，按轮次编号（�
 判断依据：{who}的发言。
 {how}
 请给出最早满足条件的轮次编号；如果整段对话都不满足条件，turn 填 -1。
-只输出 JSON，例如 {{"turn": 3}} 或 {{"turn": -1}}。"""
+只输出 JSON，例如 {{"turn": 3}} 或 {{"turn": -1}}。"""  # noqa: E501 (prompt text: its lines are the prompt's)
 
 HOW_CUMULATIVE = (
     "请从第0轮开始逐轮阅读，并把到当前轮为止的全部内容累积起来考虑：条件可以由多轮内容共同满足"

@@ -339,6 +339,7 @@ class QualityScorer:
             raise ValueError("questions and answers differ in length")
         diagnoses = diagnoses if diagnoses is not None else [None] * n
         icd_codes = icd_codes if icd_codes is not None else [None] * n
+        out: dict[str, np.ndarray]
         if n == 0:
             out = {m: np.zeros(0) for m in METRICS}
             out["high_quality"] = np.zeros(0, dtype=bool)
@@ -346,14 +347,18 @@ class QualityScorer:
         if (q_emb is None or a_emb is None) and (relevance is None or rank is None):
             emb = self.embedder.encode(list(questions) + list(answers))
             q_emb, a_emb = emb[:n], emb[n:]
-        out: dict[str, np.ndarray] = {}
+        out = {}
         if relevance is None:
+            assert q_emb is not None and a_emb is not None  # encoded above when not given
             relevance = _seed_relevance(q_emb, a_emb, answers, self.lexicon)
         if faithfulness is None:
             faithfulness = _seed_faithfulness(questions, answers, records, self.judge_engine,
                                               self.faithfulness_default)
         out["relevance"] = _clip(relevance)
-        out["relevance_rank"] = rank if rank is not None else relevance_rank(q_emb, a_emb, self.distractors)
+        if rank is None:
+            assert q_emb is not None and a_emb is not None  # encoded above when not given
+            rank = relevance_rank(q_emb, a_emb, self.distractors)
+        out["relevance_rank"] = rank
         faith = np.asarray(faithfulness, dtype=np.float64)
         out["faithfulness"] = np.where(np.isnan(faith), np.nan, np.clip(faith, 0.0, 1.0))
         out["robustness"] = robustness(answers, diagnoses, icd_codes, self.lexicon)

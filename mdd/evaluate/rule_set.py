@@ -48,7 +48,6 @@ whose diagnosis requires the item: some doctor question must ask it.
 """
 from __future__ import annotations
 
-
 import dataclasses
 import re
 from dataclasses import dataclass

@@ -5,11 +5,10 @@ judge's anchors and verdicts. The judges (``mdd.evaluate.judges``) and the rule 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from mdd.evaluate.rule_set import Condition
 from mdd.record import rounds, speaker_of
-
 
 # --- dialogues -----------------------------------------------------------------------------
 
@@ -65,7 +64,8 @@ class DialogueView:
                 raise ValueError(f"dialogue {did!r}: turn {k} has unknown speaker {t.get('speaker')!r}")
         return cls(
             dialogue_id=did,
-            exchanges=tuple(Exchange(i, str(r.doctor.get("text") or "") if r.doctor is not None else "",
+            exchanges=tuple(Exchange(i, str(cast(Mapping[str, Any], r.doctor).get("text") or "")
+                                     if r.doctor is not None else "",
                                      r.text("patient"), r.text("companion"))
                             for i, r in enumerate(rounds(turns))),
             age=rec.get("age"),

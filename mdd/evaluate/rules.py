@@ -108,6 +108,7 @@ class _Run:
         if rule.whole:
             start, end = 0, L - 1
         elif not rule.auto:
+            assert rule.n is not None  # a rule has its N unless auto or over the whole dialogue
             if rule.mode == "N_th":
                 start = end = rule.n
                 if start >= L:
@@ -142,10 +143,12 @@ class _Run:
             if rule.mode == "N_th":
                 end = start
             else:
+                assert rule.window is not None  # FIRST_N + auto has its window
                 end = min(start + rule.window - 1, L - 1)
                 kw["window_size"] = rule.window
                 kw["truncated"] = start + rule.window > L
-        elif anchor is not None and anchor.turn > end:
+        elif anchor is not None and anchor.turn is not None and anchor.turn > end:  # (None: returned above)
+            assert rule.precondition is not None  # the anchor is the precondition's
             return skip(
                 end,
                 f"precondition first met at turn {anchor.turn}, after the judged turn(s) {start}..{end}: "

@@ -15,7 +15,7 @@ its dialogue and with the other dialogues of the batch.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +23,8 @@ import pyarrow as pa
 from mdd.record import exchanges
 from mdd.schema import METRICS
 
-DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "age_range", "gender",
-                    "doctor_persona", "companion", "experience"]
+DIALOGUE_COLUMNS = ["dialogue_id", "case_id", "turns", "diagnosis", "icd_code", "treatment", "age", "age_range",
+                    "gender", "doctor_persona", "companion", "experience"]
 
 EXCHANGE_SCHEMA = pa.schema(
     [
@@ -57,7 +57,8 @@ def explode(batch: pa.Table, record_facts: Any = None) -> tuple[pa.Table, dict[s
         facts = record_facts(get["case_id"][i]) if record_facts is not None else None
         failed = G.check_dialogue(turns, facts, G.is_thought_topic).failures
         for ex in exchanges(turns):
-            side["guards"].append([f"{sp}:{f.guard}" for sp, k in (("doctor", ex.position), ("answer", ex.answer_position))
+            side["guards"].append([f"{sp}:{f.guard}"
+                                   for sp, k in (("doctor", ex.position), ("answer", ex.answer_position))
                                    for f in failed.get(k, ())])
             cols["dialogue_id"].append(get["dialogue_id"][i])
             cols["case_id"].append(get["case_id"][i])
@@ -68,7 +69,7 @@ def explode(batch: pa.Table, record_facts: Any = None) -> tuple[pa.Table, dict[s
             cols["diagnosis"].append(get["diagnosis"][i])
             cols["icd_code"].append(get["icd_code"][i])
             cols["persona"].append(get["doctor_persona"][i])
-            side["grounding"].append(ex.answer.get("grounding"))
+            side["grounding"].append(cast(Mapping[str, Any], ex.answer).get("grounding"))  # a row's turns: mappings
             side["experience"].append(get["experience"][i])
             side["treatment"].append(get["treatment"][i])
     return pa.Table.from_pydict(cols, schema=EXCHANGE_SCHEMA), side

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 RECIPES = ("moved_within_dialogue", "moved_across_dialogues", "filler", "diagnosis_leak", "echo", "loop", "role_swap")
 
 
-def auc(real: Sequence[float], control: Sequence[float]) -> float | None:
+def auc(real: Sequence[float] | np.ndarray, control: Sequence[float] | np.ndarray) -> float | None:
     """P(real > control) + ½ P(real = control) (Mann–Whitney); NaNs dropped; None when a side is empty."""
     r = np.asarray(real, dtype=np.float64)
     c = np.asarray(control, dtype=np.float64)
@@ -217,7 +217,8 @@ def format_validity(v: dict) -> list[str]:
             continue
         fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
         lines.append(f"{name:<24}{100 * r['control_hq_share']:>8.1f}%{fmt(r['auc']['patient_ability']):>21}"
-                     f"{fmt(r['auc']['relevance']):>15}{fmt(r['auc']['overall']):>13}  {'yes' if r['separated'] else 'NO'}")
+                     f"{fmt(r['auc']['relevance']):>15}{fmt(r['auc']['overall']):>13}  "
+                     f"{'yes' if r['separated'] else 'NO'}")
     if v.get("separated") is False:
         lines.append("WARNING: the evaluator cannot separate real exchanges from some controls on this data; "
                      "its scores and high-quality pairs are not to be trusted here (see eval/validity.parquet)")

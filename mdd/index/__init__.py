@@ -19,7 +19,7 @@ import bisect
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 import pyarrow as pa
@@ -70,8 +70,8 @@ def build_from_pairs(dst: Store, embedder_name: str, embedder_model: str | None,
     """The index of ``dst``'s ``eval/pairs/*.parquet`` (the stage's; runs in a Ray worker)."""
     import pyarrow.parquet as pq
 
-    from mdd.index.embedders import make_embedder
     from mdd.index.build import build
+    from mdd.index.embedders import make_embedder
 
     cfg = _index_cfg(cfg)
     files = dst.parquet_files(PAIRS_DIR)
@@ -97,8 +97,8 @@ def build_index(
     previous index."""
     import pyarrow.compute as pc
 
-    from mdd.index.embedders import make_embedder
     from mdd.index.build import SIDECAR_COLUMNS, build
+    from mdd.index.embedders import make_embedder
 
     cfg = _index_cfg(cfg)
     out = open_store(out_dir)
@@ -121,7 +121,11 @@ def _local_copy(store: Store, rel: str) -> str:
     with os.fdopen(fd, "wb") as f, store.fs.open_input_stream(store.path(rel)) as src:
         while chunk := src.read(1 << 24):
             f.write(chunk)
-    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    def remove() -> None:
+        if os.path.exists(path):
+            os.unlink(path)
+
+    atexit.register(remove)
     return path
 
 
@@ -222,7 +226,7 @@ class Searcher:
         if self.meta.get("nprobe") and not self._direct_map:
             faiss.extract_index_ivf(self.index).make_direct_map()
             self._direct_map = True
-        return self.index.reconstruct(int(i))
+        return cast(np.ndarray, self.index.reconstruct(int(i)))  # a CPU index gives numpy (faiss hints torch too)
 
     def search(self, text: str, k: int = 5) -> list[dict]:
         if self.index.ntotal == 0 or k <= 0:

@@ -18,7 +18,6 @@ bytes per pair.
 from __future__ import annotations
 
 import hashlib
-
 import math
 import time
 from typing import Any, Callable, Iterator
@@ -78,7 +77,7 @@ def _make_index(dim: int, n: int, cfg: Any) -> tuple[Any, str, int]:
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFScalarQuantizer(quantizer, dim, nlist, sq, faiss.METRIC_INNER_PRODUCT)
     index.own_fields = True
-    quantizer.this.disown()
+    quantizer.this.disown()  # type: ignore[attr-defined]  # SWIG's ownership handle: not in faiss's type hints
     return index, "ivf-sq8", nlist
 
 
@@ -164,7 +163,8 @@ def build(dst: Any, parts: Parts, cfg: Any, embedder_name: str, embedder_model: 
                 cols["dialogue_ids"] = pa.array([sorted(seen[k][1]) for k in bkeys], pa.list_(pa.string()))
                 cols["case_ids"] = pa.array([sorted(c for c in seen[k][2] if c is not None) for k in bkeys],
                                             pa.list_(pa.string()))
-                writer.write(pa.Table.from_pydict({f.name: cols[f.name] for f in schema}).cast(schema), cfg.row_group_size)
+                writer.write(pa.Table.from_pydict({f.name: cols[f.name] for f in schema}).cast(schema),
+                             cfg.row_group_size)
                 next_id += b.num_rows
 
     recall, by_nprobe, nprobe = _tune(index, kind, nlist, queries, exact, cfg.min_recall)

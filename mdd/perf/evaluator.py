@@ -42,7 +42,8 @@ def held_out_controls(dialogues: list[dict], recipe: str, seed: int = 1) -> list
         pool = []
         for d in dialogues:
             turns = d.get("turns") or []
-            pool += [(d.get("case_id"), _bigrams(turns[i - 1]["text"]), turns[i]["text"]) for i in _patient_slots(turns)]
+            pool += [(d.get("case_id"), _bigrams(turns[i - 1]["text"]), turns[i]["text"])
+                     for i in _patient_slots(turns)]
     out = []
     for d in dialogues:
         turns = [dict(t) for t in (d.get("turns") or [])]
@@ -104,6 +105,7 @@ def measure(dialogues: pa.Table, embedder: Any, spaces: str = "lexical", per_bat
     rows = dialogues.to_pylist()
     t0 = time.perf_counter()
     real = score_dialogues(_scorer_for(rows, embedder, spaces, records), rows, per_batch)
+    assert real is not None, "no exchanges to score"
     real_s = time.perf_counter() - t0
     r_pa = real.column("patient_ability").to_numpy()
     r_rel = real.column("relevance").to_numpy()
@@ -118,6 +120,7 @@ def measure(dialogues: pa.Table, embedder: Any, spaces: str = "lexical", per_bat
     for recipe in recipes:
         ctrl_rows = make_controls(rows, recipe) if recipe in TUNED else held_out_controls(rows, recipe)
         ctrl = score_dialogues(_scorer_for(ctrl_rows, embedder, spaces, records), ctrl_rows, per_batch)
+        assert ctrl is not None, f"{recipe}: no control exchanges to score"
         c_hq = ctrl.column("high_quality").to_numpy(zero_copy_only=False)
         c_reasons = ctrl.column("hq_reason").to_pylist()
         result["recipes"][recipe] = {
@@ -171,7 +174,8 @@ def relevance_options(dialogues: pa.Table, embedders: dict[str, Any], per_batch:
                      "stage's relevance (α)": relevance_score(lex.z, lex.fit, kind, a),
                      # the type check as a score: 1 when a yes/no or duration question gets an answer of that
                      # kind anywhere in its first clause or text, 0 when not, 0.5 for open questions
-                     "question-type agreement": np.array([_type_agrees(x, y, spec, question_kind) for x, y in zip(q, a)])}
+                     "question-type agreement": np.array([_type_agrees(x, y, spec, question_kind)
+                                                          for x, y in zip(q, a)])}
             for name, emb in embedders.items():
                 e = emb.encode(q + a)
                 sig = signals(e[: len(q)], e[len(q):], ids)
@@ -217,9 +221,9 @@ def scoring_cost(dialogues: pa.Table, repeats: int = 3, per_batch: int = 12) -> 
     its metrics, overall ≥ threshold) against the stage's (``ExchangeScorer``: relevance vectors,
     metrics, faithfulness, gates), alternated in one process so that the machine's load hits both;
     min/median/max over ``repeats``."""
-    from mdd.index.embedders import make_embedder
     from mdd.evaluate.quality import QualityScorer
     from mdd.evaluate.scoring import ExchangeScorer, explode
+    from mdd.index.embedders import make_embedder
 
     rows = dialogues.to_pylist()
     batches = [pa.Table.from_pylist(rows[s:s + per_batch]) for s in range(0, len(rows), per_batch)]
@@ -245,7 +249,8 @@ def scoring_cost(dialogues: pa.Table, repeats: int = 3, per_batch: int = 12) -> 
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) / len(rows))
-    stats = {k: {"min": min(v), "median": float(np.median(v)), "max": max(v)} for k, v in times.items()}
+    stats: dict[str, Any] = {k: {"min": min(v), "median": float(np.median(v)), "max": max(v)}
+                             for k, v in times.items()}
     stats["ratio_stage_over_seed_median"] = stats["stage"]["median"] / stats["seed"]["median"]
     stats["dialogues"] = len(rows)
     return stats

@@ -64,9 +64,9 @@ def _exemplar_turns(out: str) -> dict[str, float]:
 
 
 def run_phase(cfg: Config, engine: Any) -> dict[str, Any]:
-    from mdd.synthesize.run import run_synthesis
     from mdd.evaluate.stage import run_evaluate
     from mdd.perf.replay import sum_counters
+    from mdd.synthesize.run import run_synthesis
 
     if hasattr(engine, "reset_prefix_cache"):
         engine.reset_prefix_cache()  # every phase starts cold
@@ -98,7 +98,8 @@ def run_phase(cfg: Config, engine: Any) -> dict[str, Any]:
     return out
 
 
-def exemplar_comparison(cfg: Config, engine: Any, work: str, *, limit: int | None = 6, variants: int = 1) -> dict[str, Any]:
+def exemplar_comparison(cfg: Config, engine: Any, work: str, *, limit: int | None = 6,
+                        variants: int = 1) -> dict[str, Any]:
     """The three phases (see the module docstring) under ``work``; returns figures and ratios."""
     phases: dict[str, dict[str, Any]] = {}
     index = posixpath.join(str(work), "without")

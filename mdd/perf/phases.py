@@ -16,9 +16,8 @@ from typing import Any
 
 from mdd.cases import Case
 from mdd.config import Config
-from mdd.synthesize.plan import Item
+from mdd.synthesize.plan import Item, submission_order
 from mdd.synthesize.worker import DialogueWorker
-from mdd.synthesize.plan import submission_order
 
 
 @dataclass
@@ -88,7 +87,9 @@ class Phases:
         per = max(1, math.ceil(max_in_flight / n))
         Worker = ray.remote(DialogueWorker).options(num_cpus=0, max_concurrency=per)
         cases_ref = ray.put({c.case_id: c for c in cases})
-        self.workers = [Worker.remote(cases_ref, engine, cfg.synth.dialogue, cfg.synth.seed) for _ in range(n)]
+        # actor handles: Ray's hints do not give their methods' ``.remote``
+        self.workers: list[Any] = [Worker.remote(cases_ref, engine, cfg.synth.dialogue, cfg.synth.seed)
+                                   for _ in range(n)]
         ray.get([w.ready.remote() for w in self.workers])
         # warm: the first dialogue compiles kernels and fills allocator pools; not timed
         ray.get([w.run.remote(cases[k % len(cases)].case_id, 0) for k, w in enumerate(self.workers)])

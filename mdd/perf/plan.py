@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,17 @@ GPUS = {g.name: g for g in (
     GPU("l4-24gb", 24, 0.3),
 )}
 
+class Anchor(TypedDict):
+    """A published throughput figure: ``output_tok_s`` of a ``params_b`` model on ``gpu`` at ``batch``."""
+
+    gpu: str
+    params_b: float
+    output_tok_s: tuple[float, float]
+    batch: int
+
+
 # Published anchor: 7-8B models on one H100, >= 256 sequences in flight (shared/FACTS.md).
-ANCHOR = {"gpu": "h100-80gb", "params_b": 7.6, "output_tok_s": (5800.0, 8100.0), "batch": 256}
+ANCHOR: Anchor = {"gpu": "h100-80gb", "params_b": 7.6, "output_tok_s": (5800.0, 8100.0), "batch": 256}
 RESERVE_GB = 2.0  # activations, CUDA graphs and allocator slack per GPU, beside weights and KV
 QWEN_TOKENS_PER_CHAR = 0.75  # Qwen2's tokenizer on Chinese text, roughly
 

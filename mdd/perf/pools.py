@@ -23,7 +23,7 @@ from typing import Any
 
 from mdd.config import Config, EngineConfig
 from mdd.perf import replay
-from mdd.perf.phases import Phases, PhaseResult
+from mdd.perf.phases import PhaseResult, Phases
 from mdd.perf.throughput import spread
 
 log = logging.getLogger(__name__)

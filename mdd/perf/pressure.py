@@ -22,7 +22,7 @@ from typing import Any
 
 from mdd.config import Config, load_config
 from mdd.perf import replay
-from mdd.perf.phases import Phases, PhaseResult
+from mdd.perf.phases import PhaseResult, Phases
 from mdd.perf.throughput import summarise
 
 log = logging.getLogger(__name__)

@@ -89,6 +89,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     from mdd.dialogue.guards import GuardTally
 
     tally = GuardTally()
+    examples: list[dict[str, Any]]
     exchanges, doctor_len, patient_len, out_tokens, calls, examples = [], [], [], 0, 0, []
     for r in results:
         acct = r["acct"]
@@ -161,7 +162,7 @@ def run(cfg: Config, arms: dict[str, dict[str, Any]], *, cases_path: str, limit:
     finally:
         engine.shutdown()
     return {
-        "model": cfg.engine_for("doctor").model if cfg.engine_for("doctor") else None,
+        "model": e.model if (e := cfg.engine_for("doctor")) else None,
         "cases": [c.case_id for c in cases], "variants": variants, "max_exchanges": base.max_exchanges,
         "in_flight": in_flight, "seed": cfg.synth.seed, "engine_start_s": round(started, 1),
         "wall_s": round(time.monotonic() - t1, 1),

@@ -8,7 +8,7 @@ import random
 import re
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 from mdd.engines.base import Completion, EngineBase, Message, Request, Sampling
 
@@ -121,7 +121,7 @@ class CallShape:
     @classmethod
     def from_log(cls, entry: tuple[Any, ...]) -> "CallShape":
         chain = int(entry[6]) if len(entry) > 6 else 0
-        return cls(*(int(x) for x in entry[:3]), chain=chain)
+        return cls(int(entry[0]), int(entry[1]), int(entry[2]), chain=chain)
 
 
 def shaped_prompts(shapes: list[CallShape], vocab: int, seed: int = 0,
@@ -224,7 +224,7 @@ def time_by_role(records: list[tuple[Any, ...]]) -> dict[str, Any]:
         prefill[role] = prefill.get(role, 0) + int(r[0]) - int(r[1])
         output[role] = output.get(role, 0) + int(r[2])
 
-    def shares(d: dict[str, float]) -> dict[str, float]:
+    def shares(d: Mapping[str, float]) -> dict[str, float]:
         tot = sum(d.values()) or 1.0
         return {k: round(v / tot, 4) for k, v in sorted(d.items())}
 

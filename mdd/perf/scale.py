@@ -128,9 +128,10 @@ def one_size(n_cases: int, variants: int, config: str, tmp: Path) -> dict[str, A
     }
 
 
-def ratios(small: dict, large: dict) -> dict[str, float]:
+def ratios(small: dict, large: dict) -> dict[str, float | None]:
     def r(path: tuple[str, ...]) -> float | None:
-        a, b = small, large
+        a: Any = small
+        b: Any = large
         for k in path:
             a, b = a[k], b[k]
         return round(b / a, 3) if a else None

@@ -29,10 +29,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
-from typing import Any
+from typing import Any, Sequence
 
 from mdd.perf import replay
-from mdd.perf.phases import Phases, PhaseResult, sample
+from mdd.perf.phases import PhaseResult, Phases, sample
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ RATIOS = ("speedup_vs_sequential", "speedup_exchanges_per_min", "speedup_output_
           "engine_utilization_one_in_flight", "prefix_cache_hit_rate")
 
 
-def spread(values: list[float]) -> dict[str, float]:
+def spread(values: Sequence[float | None]) -> dict[str, float]:
     vs = [v for v in values if v is not None]
     if not vs:
         return {}
@@ -104,7 +104,8 @@ def one_repeat(phases: Phases, items: list[Any], in_flight: int, sequential: int
                                                                                    for p in parts]},
         "concurrent": conc.summary(),
         "speedup_vs_sequential": round(conc.dialogues_per_min / seq.dialogues_per_min, 3) if seq.wall_s else None,
-        "speedup_exchanges_per_min": round(conc.exchanges_per_min / seq.exchanges_per_min, 3) if seq.exchanges else None,
+        "speedup_exchanges_per_min": (round(conc.exchanges_per_min / seq.exchanges_per_min, 3)
+                                      if seq.exchanges else None),
         "speedup_output_tok_s": round(conc.output_tok_s / seq.output_tok_s, 3) if seq.output_tokens else None,
     }
     if phases.is_vllm:

@@ -13,7 +13,7 @@ import glob
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow.parquet as pq
 
@@ -22,7 +22,7 @@ from mdd.dialogue import guards as G
 from mdd.record import ANSWERERS, count_exchanges
 
 
-def _spread(xs: list[float]) -> dict[str, float] | None:
+def _spread(xs: Sequence[float]) -> dict[str, float] | None:
     if not xs:
         return None
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "mean": round(statistics.fmean(xs), 2)}
@@ -51,6 +51,7 @@ def figures(run: Path, one_in_flight: Path | None = None) -> dict[str, Any]:
     fails = pq.read_table(run / "failures.parquet").to_pylist() if (run / "failures.parquet").exists() else []
     ref = knowledge.load_yaml("mdd5k_reference.yaml")
 
+    lengths: dict[str, list[int]]
     exchanges, lengths, closing_ok, recheck, spoken, echo10 = [], {"doctor": [], "patient": []}, 0, 0, 0, 0
     for r in rows:
         turns = r["turns"]

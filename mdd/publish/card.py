@@ -50,10 +50,12 @@ COLUMN_DOCS = {
     "llm_calls": "LLM calls spent", "prompt_tokens": "prompt tokens spent", "output_tokens": "output tokens spent",
     "prompt_tokens_by_role": "prompt tokens by role", "output_tokens_by_role": "output tokens by role",
     "models": "which model played each role (doctor, patient, tool, companion, judge; null: no call)",
-    "calls_by_role": "LLM calls by role", "cached_tokens_by_role": "prompt tokens served from the prefix cache, by role",
+    "calls_by_role": "LLM calls by role",
+    "cached_tokens_by_role": "prompt tokens served from the prefix cache, by role",
     "usage_by_model": "per model that served the dialogue: its calls and prompt, output and cached tokens",
     "fallbacks": "tool verdicts that fell back to a rule", "source": "`mdd` (synthesized) or `mdd5k` (imported)",
-    "turn": "the exchange's index in its dialogue", "question": "the doctor's question", "answer": "the patient's answer",
+    "turn": "the exchange's index in its dialogue", "question": "the doctor's question",
+    "answer": "the patient's answer",
     "high_quality": "the evaluator's high-quality decision", "rule": "rule id", "triggered": "the rule applied",
     "score": "1 passed, 0 failed, null when not triggered", "reason": "why", "kwargs": "JSON evidence",
     "exemplar_index": "the run whose index/qa.parquet the turns' exemplar ids point into (null: none shown)",
@@ -109,7 +111,7 @@ def header(run: RunData, license: str, pretty_name: str) -> tuple[dict[str, Any]
         if sch is None:
             continue
         schemas[name] = sch
-        cfg = {"config_name": name, "data_files": [{"split": "train", "path": f"{folder}/*.parquet"}]}
+        cfg: dict[str, Any] = {"config_name": name, "data_files": [{"split": "train", "path": f"{folder}/*.parquet"}]}
         if name == "dialogues":
             cfg["default"] = True
         configs.append(cfg)
@@ -173,7 +175,7 @@ def limitations(run: RunData, engine: str | None, model: str | None) -> list[str
         "Variants of one case share the case's facts: split train/test by `case_id`, not by dialogue.",
     ]
     if run.synth is not None and "turns" in run.synth.column_names:
-        speakers = {t.get("speaker") for ts in run.column("synth", "turns") for t in ts or [] if t}
+        speakers = {t.get("speaker") for ts in run.column("synth", "turns") or [] for t in ts or [] if t}
         if "companion" not in speakers:
             items.append("No companion (family member) speaks in these dialogues: doctor and patient only.")
     return items
@@ -324,7 +326,8 @@ def _export_section(run: RunData) -> list[str]:
     exp = run.section("export")
     lines = ["## Fine-tuning export", "", CARD_TEXT, ""]
     if exp:
-        lines += [_md_table([{"format": f, "rows": d.get("rows"), "files": ", ".join(f"`{x}`" for x in d.get("files", [])),
+        lines += [_md_table([{"format": f, "rows": d.get("rows"),
+                              "files": ", ".join(f"`{x}`" for x in d.get("files", [])),
                               "filters": _fmt(d.get("filters"))} for f, d in exp.items()],
                             ["format", "rows", "files", "filters"]), ""]
     else:
@@ -332,7 +335,8 @@ def _export_section(run: RunData) -> list[str]:
     return lines
 
 
-SOURCE_TEXT = {"synthetic": "synthetic records (`source: synthetic`, with the profile and plan seed they were drawn from)",
+SOURCE_TEXT = {"synthetic": "synthetic records (`source: synthetic`, with the profile and plan seed they were "
+                            "drawn from)",
                "real": "real records (`source: real`)",
                "unstated": "records that do not state their source (e.g. the sample cases, hospital files)"}
 

@@ -30,7 +30,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -53,9 +53,10 @@ def speaker_turns(dialogue: Mapping[str, Any]) -> list[tuple[str, str]]:
     exchange: not the closing diagnosis), every patient and companion turn."""
     out = []
     for r in rounds(dialogue.get("turns")):
-        if r.answered:
-            out.append(("doctor", str(r.doctor.get("text") or "")))
-        out += [(str(t["speaker"]), str(t.get("text") or "")) for _, t in r.replies]
+        if r.answered:  # the turns of a table row are mappings
+            out.append(("doctor", str(cast(Mapping[str, Any], r.doctor).get("text") or "")))
+        replies = cast(tuple[tuple[int, Mapping[str, Any]], ...], r.replies)
+        out += [(str(t["speaker"]), str(t.get("text") or "")) for _, t in replies]
     return out
 
 
@@ -225,7 +226,8 @@ def compare(run: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, A
         "exchanges_wasserstein": wasserstein(a["dist"]["exchanges"], b["dist"]["exchanges"]),
         "turn_chars_wasserstein": {s: wasserstein(a["dist"]["lengths"].get(s, []), b["dist"]["lengths"].get(s, []))
                                    for s in speakers},
-        "speaker_share_js": {k: jensen_shannon(a["speaker_share"][k], b["speaker_share"][k]) for k in ("turns", "chars")},
+        "speaker_share_js": {k: jensen_shannon(a["speaker_share"][k], b["speaker_share"][k])
+                             for k in ("turns", "chars")},
         "topic_coverage_js": jensen_shannon(a["topic_coverage"], b["topic_coverage"]),
         "topic_coverage_mean_abs_diff": round(float(np.mean([abs(a["topic_coverage"][t] - b["topic_coverage"][t])
                                                              for t in topics])), 4),

@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from mdd.errors import MddError
 from mdd import knowledge
+from mdd.errors import MddError
 from mdd.publish.run_data import RunData
 from mdd.record import exchanges
 from mdd.schema import SFT_ROW, SHAREGPT_ROW
@@ -170,6 +170,7 @@ def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters(
     doc_q: dict[tuple[str, int], float] = {}
     if filters.mask_below is not None:
         te = run.turn_eval
+        assert te is not None  # eval/turns is written with eval/dialogues (checked above)
         for d, k, q in zip(te.column("dialogue_id").to_pylist(), te.column("turn").to_pylist(),
                            te.column("doctor_quality").to_pylist()):
             doc_q[(d, k)] = q
@@ -177,7 +178,8 @@ def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters(
     texts = _texts()
     syn = run.synth
     relations = [_relation(v) for v in (run.column("synth", "companion") or [None] * syn.num_rows)]
-    rows, dropped = [], Counter()
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
     masked = trained = 0
     cols = {c: run.column("synth", c) or [None] * syn.num_rows
             for c in ("dialogue_id", "case_id", "icd_code", "diagnosis", "turns")}
@@ -190,10 +192,11 @@ def export(out: str | os.PathLike | Store, fmt: str, filters: Filters = Filters(
         if needs_eval and s is None:
             dropped["not evaluated (no exchanges)"] += 1
             continue
-        if filters.min_quality is not None and s[filters.metric] < filters.min_quality:
+        # (s is None only when no filter needs the evaluation: see needs_eval)
+        if filters.min_quality is not None and s is not None and s[filters.metric] < filters.min_quality:
             dropped[f"{filters.metric} < {filters.min_quality}"] += 1
             continue
-        if filters.min_rule_pass is not None and (s.get("rules_triggered") or 0) and \
+        if filters.min_rule_pass is not None and s is not None and (s.get("rules_triggered") or 0) and \
                 (s.get("rules_passed") or 0) / s["rules_triggered"] < filters.min_rule_pass:
             dropped[f"rule pass rate < {filters.min_rule_pass}"] += 1
             continue

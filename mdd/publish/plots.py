@@ -64,7 +64,8 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def histogram(ax, values: Sequence[float], *, bins: int | Sequence[float] = 20, label: str = "this run",
+def histogram(ax, values: Sequence[float] | np.ndarray, *, bins: int | Sequence[float] | np.ndarray = 20,
+              label: str = "this run",
               ref_values: Sequence[float] | None = None, ref_mean: float | None = None, ref_label: str = "reference",
               xlabel: str = "", title: str = "") -> None:
     """One histogram (density when a reference distribution is overlaid), with mean lines."""
@@ -75,7 +76,7 @@ def histogram(ax, values: Sequence[float], *, bins: int | Sequence[float] = 20, 
     if len(vals):
         ax.hist(vals, bins=bins, color=OURS, alpha=0.75, label=f"{label} (mean {vals.mean():.1f})", density=density)
         ax.axvline(vals.mean(), color=OURS, linestyle="-", linewidth=1.5)
-    if density:
+    if density and ref_values is not None:  # (density: there are reference values)
         ax.hist(np.asarray(ref_values, float), bins=bins, color=REF, alpha=0.45, density=True,
                 label=f"{ref_label} (n={len(ref_values)})")
     if ref_mean is not None:

@@ -1,9 +1,9 @@
 """Figures computed from a run's outputs, shared by the report and the dataset card."""
 from __future__ import annotations
 
-from collections import Counter
 import os
 import posixpath
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -105,8 +105,10 @@ def headline(run: RunData, ref: dict[str, Any] | None = None) -> dict[str, Any]:
     if st:
         h["exchanges_mean"] = round(st["exchanges_mean"], 2)
         h["chars_per_turn_mean"] = {k: round(v, 1) for k, v in st["chars_per_turn_mean"].items()}
-    h["reference"] = {"label": ref.get("label"), "source": ref.get("source"), "exchanges_mean": ref.get("exchanges_mean"),
-                      "chars_per_turn_mean": {k: round(v, 1) for k, v in (ref.get("chars_per_turn_mean") or {}).items()}}
+    h["reference"] = {"label": ref.get("label"), "source": ref.get("source"),
+                      "exchanges_mean": ref.get("exchanges_mean"),
+                      "chars_per_turn_mean": {k: round(v, 1)
+                                              for k, v in (ref.get("chars_per_turn_mean") or {}).items()}}
     if ev:
         h["exchanges_evaluated"] = ev.get("exchanges")
         h["high_quality_share"] = ev.get("high_quality_share")

@@ -63,7 +63,7 @@ class DialogueRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "DialogueRecord":
         """A row of the dialogue table (a mapping; columns it lacks are None, older files lack some)."""
-        values = {f.name: row.get(f.name) for f in fields(cls)}
+        values: dict[str, Any] = {f.name: row.get(f.name) for f in fields(cls)}
         values["turns"] = [Turn.from_row(t) for t in (row.get("turns") or []) if t]
         return cls(**values)
 

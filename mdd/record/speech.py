@@ -109,7 +109,8 @@ class SpeechTally:
         patient = _turns_of(turns, "patient")
         self.dialogues += 1
         self.lengths.extend(len(t) for t in patient)
-        self.jargon += row.get("jargon_turns") if row.get("jargon_turns") is not None else jargon_turns(turns)
+        jargon = row.get("jargon_turns")
+        self.jargon += jargon if jargon is not None else jargon_turns(turns)
         r, t = repeated_openers(turns)
         self.repeated += r
         self.doctor_turns += t

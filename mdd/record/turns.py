@@ -76,7 +76,8 @@ class Round:
 
     @property
     def answered(self) -> bool:
-        return self.doctor is not None and bool(self.replies) and self.replies[0][0] == self.position + 1
+        return (self.doctor is not None and self.position is not None  # a doctor turn has its position
+                and bool(self.replies) and self.replies[0][0] == self.position + 1)
 
 
 @dataclass(frozen=True, slots=True)

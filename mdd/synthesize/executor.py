@@ -88,7 +88,8 @@ def fan_out(cfg: Config, cases: list[Case], engine: EngineBase, work: list[list[
             error = privacy.mask(error or "unknown")  # an engine's error body may quote the prompt
             failures.append({"dialogue_id": it.dialogue_id, "case_id": it.case_id, "variant": it.variant,
                              "attempts": attempts[it.dialogue_id], "error": error,
-                             "guards": guard["guards"] if guard else None, "speaker": guard["speaker"] if guard else None,
+                             "guards": guard["guards"] if guard else None,
+                             "speaker": guard["speaker"] if guard else None,
                              "guard_events": [{**e, "reason": privacy.mask(e["reason"])} for e in guard["events"]]
                              if guard else None})
             log.error("dialogue %s failed after %d attempts: %s", it.dialogue_id, attempts[it.dialogue_id],

@@ -7,14 +7,13 @@ missing, and only to an output its provenance allows (``mdd.provenance``).
 """
 from __future__ import annotations
 
+import logging
 import platform
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-import logging
 
 import pyarrow as pa
 
@@ -66,10 +65,11 @@ def write_cases(out: Store, cases: list[Case]) -> None:
     them). Cases of an earlier run into the same folder stay unless this run has them anew."""
     from mdd.cases import case_fields
 
-    rows = {c.case_id: {"case_id": c.case_id, "age": c.age_public, "gender": c.gender, "icd_code": c.icd_code,
-                        "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
-                        "masked": list(c.masked), "source": c.source, "profile": c.profile,
-                        "plan_seed": c.plan_seed} for c in cases}
+    rows: dict[str, dict[str, Any]] = {
+        c.case_id: {"case_id": c.case_id, "age": c.age_public, "gender": c.gender, "icd_code": c.icd_code,
+                    "diagnosis": c.diagnosis, "treatment": c.treatment, "fields": list(case_fields(c).items()),
+                    "masked": list(c.masked), "source": c.source, "profile": c.profile, "plan_seed": c.plan_seed}
+        for c in cases}
     if out.is_file("cases.parquet"):
         try:
             old_table = out.read_table("cases.parquet")
@@ -230,7 +230,8 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
                    "cached_by_model": dict(stats.by_model["cached_tokens"]),
                    "cached_prompt_tokens": stats.cached_tokens},
         "fallbacks": dict(stats.fallbacks),
-        "guards": {"enabled": list(sc.dialogue.guards.enabled), "max_regenerations": sc.dialogue.guards.max_regenerations,
+        "guards": {"enabled": list(sc.dialogue.guards.enabled),
+                   "max_regenerations": sc.dialogue.guards.max_regenerations,
                    **stats.guards.summary()},
         "usage_by_model_and_role": stats.by_model_and_role(),
         "speech": stats.speech.summary(),  # jargon share, repeated doctor openers, patient turn lengths, styles

@@ -46,7 +46,8 @@ class RunStats:
         self.cached_tokens += res["cached_tokens"]
         self.guards.add(res.get("generated") or {}, row.get("guard_events") or [])
         per_role = {"calls": res["calls_by_role"], "prompt_tokens": row["prompt_tokens_by_role"],
-                    "output_tokens": row["output_tokens_by_role"], "cached_tokens": row.get("cached_tokens_by_role") or {}}
+                    "output_tokens": row["output_tokens_by_role"],
+                    "cached_tokens": row.get("cached_tokens_by_role") or {}}
         for role, model in (row.get("models") or {}).items():
             if model is None:
                 continue

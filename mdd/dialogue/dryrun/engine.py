@@ -14,14 +14,15 @@ import re
 from collections import Counter
 from typing import Any
 
+from mdd.dialogue.dryrun.speech import TIME, clauses, companion_answer, patient_answer
 from mdd.dialogue.ops import short_point, triple_phrase
+from mdd.dialogue.patient import evasive
 from mdd.dialogue.wording import wording
 from mdd.engines.base import Completion, EngineBase, Request, register_engine
-from mdd.dialogue.patient import evasive
-from mdd.dialogue.dryrun.speech import TIME, clauses, companion_answer, patient_answer
 from mdd.record.speech import opener
 
-_GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。", "你好，我姓{s}，是今天的接诊医生。")
+_GREETINGS = ("你好，我是{s}医生，今天由我来给你看诊。", "你好，请坐，我是{s}医生。",
+              "你好，我姓{s}，是今天的接诊医生。")
 _OPEN_ASK = ("这次来主要是哪里不舒服？可以慢慢说。", "最近有什么困扰你的地方吗？", "能说说这次来看病的主要原因吗？")
 def _fresh(rng: random.Random, options: list[str], used: set[str], fill: dict[str, str] | None = None,
            asked: tuple[str, ...] = ()) -> str:

@@ -29,13 +29,13 @@ from mdd.knowledge import KnowledgeError
 
 _SPLIT = re.compile(r"([。；;，,\n！!？?]+)")
 _STRIP = " ，,。；;:：、"
-TIME = re.compile(r"[0-9一二两三四五六七八九十半几]+\s*多?个?多?(?:天|周|星期|月|年|小时|次|分钟)|去年|今年|前年|上个?月|"
-                   r"上周|从小|每天|每周|每晚|凌晨|半夜|小时候")
+TIME = re.compile(r"[0-9一二两三四五六七八九十半几]+\s*多?个?多?(?:天|周|星期|月|年|小时|次|分钟)|"
+                   r"去年|今年|前年|上个?月|上周|从小|每天|每周|每晚|凌晨|半夜|小时候")
 _DURATION = re.compile(r"[0-9一二两三四五六七八九十半几]+\s*多?个?多?(?:天|周|星期|月|年|小时|分钟)")
 _WH = re.compile(r"什么|怎么|多少|多久|哪|几")
 _POLAR = (("有没有", "没有"), ("会不会", "不会"), ("是不是", "不是"), ("能不能", "不能"), ("知不知道", "不知道"),
-          ("需不需要", "不需要"), ("离不离得开", "离得开"), ("抽不抽", "不抽"), ("喝不喝", "不喝"), ("用没用过", "没用过"),
-          ("害不害怕", "不害怕"), ("玩不玩", "不玩"), ("吃不吃", "不吃"))
+          ("需不需要", "不需要"), ("离不离得开", "离得开"), ("抽不抽", "不抽"), ("喝不喝", "不喝"),
+          ("用没用过", "没用过"), ("害不害怕", "不害怕"), ("玩不玩", "不玩"), ("吃不吃", "不吃"))
 
 
 _SHAPES = ("plain", "body_first", "ramble", "tail_inside", "first_two", "first_only")
@@ -273,7 +273,8 @@ def _answer(ctx: dict[str, Any], rng: random.Random) -> str:
         if ctx.get("kind") == "experience" and len(lived) > 2:
             story = "，".join(rng.sample(lived[1:], min(3, len(lived) - 1)))
         elif ctx.get("kind") == "experience" or not lived:
-            story = f"{t.get('time', '')}，{triple_phrase(t.get('people', ''), t.get('event', ''))}，那之后我心里一直放不下"
+            story = (f"{t.get('time', '')}，{triple_phrase(t.get('people', ''), t.get('event', ''))}，"
+                     "那之后我心里一直放不下")
             if story in said:  # told once already: referred to
                 story = f"还是{t.get('time', '')}那件事，到现在也没放下"
     if kind == "impact":

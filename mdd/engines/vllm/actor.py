@@ -253,7 +253,7 @@ class ThreadPolicy:
     def update(self, load: int) -> None:
         self.load = load
         n = self.want(load)
-        if n != self.current and self.pending is None:
+        if n is not None and n != self.current and self.pending is None:  # (None only when current is None)
             self._send(n)
 
     def _send(self, n: int) -> None:

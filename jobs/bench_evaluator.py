@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow.parquet as pq
 
     from jobs.import_mdd5k import import_mdd5k
-    from mdd.index.embedders import make_embedder
     from mdd.evaluate.scoring import load_records
+    from mdd.index.embedders import make_embedder
     from mdd.perf.evaluator import _Memo, format_options, format_result, measure, relevance_options, scoring_cost
     from mdd.storage import write_text
 

@@ -1,4 +1,5 @@
-"""Benchmark: ``python -m jobs.benchmark --config configs/local-vllm.yaml --repeats 3 --out FILE.json`` (also ``mdd benchmark``).
+"""Benchmark: ``python -m jobs.benchmark --config configs/local-vllm.yaml --repeats 3 --out FILE.json``
+(also ``mdd benchmark``).
 
 On one engine at a time, in one run (ratios, so a noisy shared machine cancels out), two profiles:
 
@@ -119,7 +120,8 @@ async def _prefill_ratio(engine: Any, cfg: Config, cases: list[Any], concurrency
 SOURCES = {
     "dialogues_per_min, exchanges": "the dialogue rows the warm workers returned; wall time from a phase's first "
                                     "submission to its last result (mdd/perf/phases.py)",
-    "output_tok_s (pipeline)": "the engine actor's call log (tokens vLLM generated per request) over the phase's wall time",
+    "output_tok_s (pipeline)": "the engine actor's call log (tokens vLLM generated per request) over the phase's "
+                               "wall time",
     "output_tok_s (engine)": "the same calls replayed as token prompts with forced output lengths (EngineActor."
                              "generate_tokens, ignore_eos), each call's cached prefix length reproduced on its own "
                              "prompt chain's sequence, primed before the clock (mdd/perf/replay.py)",
@@ -183,7 +185,8 @@ def run_standard(cfg: Config, work: Path, sequential: int, in_flight: int | None
         for k, s in rep["summary"].items():
             result[k] = s["median"]
         last = rep["repeats"][-1]
-        result["exchanges_per_dialogue"] = round(last["concurrent"]["exchanges"] / max(1, last["concurrent"]["dialogues"]), 2)
+        conc = last["concurrent"]
+        result["exchanges_per_dialogue"] = round(conc["exchanges"] / max(1, conc["dialogues"]), 2)
         # calls and tokens: one synthesis over the set's first variant (its run.json accounting)
         acct = run_synthesis_accounting(cfg, engine, work)
         result.update(acct)

@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("synthesize", help="case records drawn from a profile's priors, written, checked, repaired")
     s.add_argument("--n", type=int, required=True, help="number of cases")
     s.add_argument("--profile", default="mdd5k", help="profile name (mdd/knowledge/profiles/) or a YAML path")
-    s.add_argument("--out", required=True, help="output folder: cases.jsonl, plans.jsonl, rejects.parquet, synthesis.json")
+    s.add_argument("--out", required=True,
+                   help="output folder: cases.jsonl, plans.jsonl, rejects.parquet, synthesis.json")
     s.add_argument("--seed", type=int, default=0, help="run seed (the same seed writes the same cases)")
     s.add_argument("--writer", choices=("scripted", "engine"), default="scripted",
                    help="who writes the records: the offline scripted writer (default), or the engine of --config "
@@ -115,7 +116,8 @@ def check(args: argparse.Namespace) -> int:
     by_rule = Counter(r["rule"] for r in rows)
     print(f"{len(cases) + len({r.position for r in problems if r.case_id is None})} cases read, "
           f"{len(cases) - len(failed & {c.case_id for c in cases})} pass every rule; "
-          f"{len(rows)} findings" + (": " + json.dumps(dict(sorted(by_rule.items())), ensure_ascii=False) if rows else ""))
+          f"{len(rows)} findings"
+          + (": " + json.dumps(dict(sorted(by_rule.items())), ensure_ascii=False) if rows else ""))
     return 1 if rows else 0
 
 

@@ -15,7 +15,8 @@ from mdd.errors import entry_point
 def build_parser() -> argparse.ArgumentParser:
     from mdd.publish.export import FORMATS
 
-    p = argparse.ArgumentParser(prog="mdd export", description="One row per dialogue as chat messages (SFT) or ShareGPT.")
+    p = argparse.ArgumentParser(prog="mdd export",
+                                description="One row per dialogue as chat messages (SFT) or ShareGPT.")
     p.add_argument("--config", default=None, help="YAML config (publish.export gives the default filters)")
     p.add_argument("--out", default=None, help="run folder (default: synth.out of the config)")
     p.add_argument("--format", default="sft", choices=list(FORMATS))

@@ -1,6 +1,7 @@
 """Import the released MDD-5k dialogues into the DIALOGUE table.
 
-    python -m jobs.import_mdd5k --src SRC --out DIR            # SRC/MDD_5k/patient_N.json, SRC/Label/patient_N_label.json
+    python -m jobs.import_mdd5k --src SRC --out DIR
+        # SRC/MDD_5k/patient_N.json, SRC/Label/patient_N_label.json
     python -m jobs.import_mdd5k --dialogues D --labels L --out DIR   # flat layout
 
 Writes ``DIR/synth/mdd5k-00000.parquet`` … (deterministic shards, sorted by case number and

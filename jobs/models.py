@@ -10,13 +10,14 @@ import argparse
 import logging
 import sys
 
-from mdd.errors import entry_point
 from mdd import models
+from mdd.errors import entry_point
 
 
 @entry_point("models")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mdd models", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = argparse.ArgumentParser(prog="mdd models", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="exit codes: 0 done; 1 path: not fetched; 2 an unknown model, a registry that "
                                         "cannot be reached, a hash that differs, a cache that cannot be written")
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from mdd.errors import entry_point
 from mdd.config import load_config
+from mdd.errors import entry_point
 
 
 @entry_point("plan")

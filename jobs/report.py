@@ -14,7 +14,8 @@ from mdd.errors import entry_point
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mdd report", description="Write the run report (HTML + PNG) and the dataset card.")
+    p = argparse.ArgumentParser(prog="mdd report",
+                                description="Write the run report (HTML + PNG) and the dataset card.")
     p.add_argument("--config", default=None, help="YAML config (licence and title of the card; default: the run's)")
     p.add_argument("--out", default=None, help="run folder (default: synth.out of the config)")
     p.add_argument("--reference", default=None, help="dialogue table to compare with (a run folder or Parquet, e.g. "
@@ -44,7 +45,8 @@ def publish(cfg, out: str, reference: str | None = None) -> int:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     bad = {k: v for k, v in summary["panels"].items() if v.startswith("error")}
-    print(f"report: {store.display(summary['file'])} ({len(summary['figures'])} figures in {store.display('report')}/), "
+    print(f"report: {store.display(summary['file'])} ({len(summary['figures'])} figures in "
+          f"{store.display('report')}/), "
           f"dataset card {card}" + (f"; panels that failed: {', '.join(bad)}" if bad else ""))
     return 0
 

@@ -1,6 +1,7 @@
 """The main job: synthesize, evaluate, then write the report and the dataset card.
 
-    python -m jobs.run --config configs/local.yaml [--out DIR] [--reference REF] [--exemplars DIR] [--rounds N] [--utility REF]
+    python -m jobs.run --config configs/local.yaml [--out DIR] [--reference REF] [--exemplars DIR] [--rounds N]
+        [--utility REF]
 
 Exit codes are synthesize's (``python -m jobs.synthesize --help``); the evaluation runs after a
 synthesis that exits 0 or 3 (``--strict``, partial), and its own failure wins.
@@ -16,8 +17,8 @@ import posixpath
 import sys
 
 from jobs import evaluate, report, synthesize
-from mdd.errors import entry_point
 from mdd import signals
+from mdd.errors import entry_point
 
 
 def round_out(out: str, r: int, rounds: int) -> str:
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out")
     p.add_argument("--variants", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--reference", help="dialogue table the report compares with (default: the published MDD-5k figures)")
+    p.add_argument("--reference",
+                   help="dialogue table the report compares with (default: the published MDD-5k figures)")
     p.add_argument("--utility", metavar="REF", help="labelled real dialogues (a jobs.import_mdd5k folder): train a "
                    "diagnosis classifier on this run's dialogues and test on them before the report (mdd utility)")
     p.add_argument("--exemplars", help="a run folder whose index/ gives the doctor exemplars (round 1 with --rounds)")

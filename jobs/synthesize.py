@@ -8,11 +8,10 @@ import argparse
 import logging
 import sys
 
-from mdd.errors import entry_point
-from mdd import signals
 from jobs import add_wait_flag
+from mdd import signals
 from mdd.config import load_config
-
+from mdd.errors import entry_point
 
 EXIT_CODES = """exit codes: 0 done (also with rejects or failed dialogues, unless --strict); 1 every dialogue that ran
 failed; 2 nothing done: a bad config, flag or --out, no usable case, an engine that cannot start, or a resume
@@ -22,7 +21,8 @@ finish"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mdd synthesize", description="Synthesize diagnostic dialogues from patient cases.",
+    p = argparse.ArgumentParser(prog="mdd synthesize",
+                                description="Synthesize diagnostic dialogues from patient cases.",
                                 epilog=EXIT_CODES)
     p.add_argument("--config", default="configs/local.yaml", help="YAML run configuration")
     p.add_argument("--cases", help="cases file or folder (JSON array, JSONL or Parquet); overrides synth.cases")
@@ -44,11 +44,13 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", choices=RESUME_POLICIES, default="if-possible",
                    help="dialogues already in --out: add to them only if made with the same settings (if-possible, "
                         "the default), whatever made them (always), or refuse any (never)")
-    p.add_argument("--strict", action="store_true", help="exit 3 when the run is partial (reject rows or failed dialogues)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when the run is partial (reject rows or failed dialogues)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_wait_flag(p)
     p.add_argument("--allow-mixed-sources", action="store_true",
-                   help="run synthetic and real (or unstated) cases together; without it (or synth.allow_mixed_sources) "
+                   help="run synthetic and real (or unstated) cases together; without it "
+                        "(or synth.allow_mixed_sources) "
                         "such a case set is refused with exit 2")
 
 
@@ -65,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         "synth.dialogue.exemplars.index": args.exemplars,
         "synth.allow_mixed_sources": True if args.allow_mixed_sources else None,
     })
-    from mdd.synthesize.run import run_synthesis
     from mdd.storage import run_lock
+    from mdd.synthesize.run import run_synthesis
 
     try:
         with run_lock(cfg.synth.out, "synthesize", wait=args.wait):

@@ -8,7 +8,8 @@ REF: a folder written by ``jobs.import_mdd5k`` (real dialogues with their ICD la
 folder, or the MDD-5k layout read in place. Tasks: depression vs anxiety and four classes
 (mdd/knowledge/utility_labels.yaml). Compares TSTR with the majority class, train-on-real
 cross-validated by case (the ceiling) and a shuffled-label control; the classifier sees the interview
-before the doctor's closing (by default the patient's turns of it). Prints a table; writes DIR/utility.json and run.json["utility"].
+before the doctor's closing (by default the patient's turns of it). Prints a table; writes DIR/utility.json and
+run.json["utility"].
 """
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         st, g = report["settings"], report["guard"]
         print(f"utility: {st['out']} ({g['run']['labelled']} labelled dialogues, {g['run']['cases']} cases) -> "
               f"{st['reference']} ({g['reference']['labelled']} dialogues, {g['reference']['cases']} cases); "
-              f"model {st['model']} on the {st['view']} view; closing turns dropped: run {g['run']['closing_turns_dropped']}, "
+              f"model {st['model']} on the {st['view']} view; closing turns dropped: "
+              f"run {g['run']['closing_turns_dropped']}, "
               f"reference {g['reference']['closing_turns_dropped']}")
         print(U.format_table(report))
         print(f"-> {st['out'].rstrip('/')}/{U.UTILITY_FILE}")

@@ -390,8 +390,9 @@ class Store:
             if not isinstance(exc, Exception) or isinstance(exc, passthrough):
                 raise
             kept = [t for t in targets if self.exists(t)]
-            state = (f"{', '.join(self.display(t) + ('/' if self._info(t).type == pafs.FileType.Directory else '') for t in kept)}"
-                     f" and run.json['{stage}'] are unchanged" if kept else "nothing was written")
+            shown = ", ".join(self.display(t) + ("/" if self._info(t).type == pafs.FileType.Directory else "")
+                              for t in kept)
+            state = f"{shown} and run.json['{stage}'] are unchanged" if kept else "nothing was written"
             inner = innermost(exc)
             if is_write_error(inner):
                 raise StageFailed(f"{writable_error(self, inner)} ({state})") from exc
@@ -434,7 +435,7 @@ class Staging:
     def validate(self) -> None:
         """Every file the stage wrote is there; every Parquet file reads back with its rows."""
         present = set(self.out.files(recursive=True))
-        for rel, rows in sorted(self.out.written.items()):
+        for rel, rows in sorted((self.out.written or {}).items()):  # {} from __init__ on
             if rel not in present:
                 raise StorageError(f"{self.out.display(rel)}: written but not found")
             got = self.out.read_metadata(rel).num_rows
@@ -502,6 +503,7 @@ def dialogue_shards(store: Store, *, quarantine: bool) -> tuple[dict[str, list[s
     """
     if store.local:
         d = store.local_path(SYNTH)
+        assert d is not None  # a local store has local paths
         if os.path.isdir(d):
             for name in os.listdir(d):
                 if name.startswith(".") and name.endswith(".tmp"):
@@ -646,7 +648,7 @@ def _alive(holder: dict[str, Any]) -> bool | None:
     if holder.get("host") != socket.gethostname():
         return None
     try:
-        pid = int(holder.get("pid"))
+        pid = int(holder.get("pid"))  # type: ignore[arg-type]  # None or junk: TypeError / ValueError below
         os.kill(pid, 0)
     except ProcessLookupError:
         return False

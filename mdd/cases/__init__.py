@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from mdd.errors import MddError
 from mdd import privacy
+from mdd.errors import MddError
 
 MAX_FIELD_CHARS = 20_000
 MAX_KEY_CHARS = 60  # a sub-field name longer than this is cut
@@ -282,8 +282,8 @@ def validate_record(rec: Any, source: str, position: int, deid: privacy.Deidenti
     source = privacy.mask(source)  # already a label (read_records); a caller's own string is masked
     problems: list[tuple[str, str]] = []
     if not isinstance(rec, dict):
-        return None, [Reject(source, position, None, "(record)", f"expected an object with the case fields, got {_describe(rec)}",
-                             line)]
+        return None, [Reject(source, position, None, "(record)",
+                             f"expected an object with the case fields, got {_describe(rec)}", line)]
 
     masked: list[str] = []
     raw_id = rec.get("患者")
@@ -425,7 +425,8 @@ def _provenance(rec: dict[str, Any], problems: list[tuple[str, str]]) -> tuple[s
         return origin, None, None
     profile, seed = rec.get("profile"), rec.get("plan_seed")
     if not isinstance(profile, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", profile):
-        problems.append(("profile", f"a synthetic case needs its profile name (letters, digits, _ . -), got {_describe(profile)}"))
+        problems.append(("profile", "a synthetic case needs its profile name (letters, digits, _ . -), "
+                                    f"got {_describe(profile)}"))
         profile = None
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         problems.append(("plan_seed", f"a synthetic case needs its plan seed (an integer >= 0), got {_describe(seed)}"))

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from mdd.errors import MddError
 from mdd import knowledge
+from mdd.errors import MddError
 
 CHILD_PREFIXES = ("F90", "F93", "F98")  # a child's disorder decides the age of the case
 
@@ -280,7 +280,8 @@ def plan_case(profile: Profile, prefixes: tuple[str, ...], plan_seed: int, case_
     band_name = _pick_weighted(rng, band_w)
     lo_age, hi_age = profile.age_bands[band_name]
     age = rng.randint(lo_age, hi_age)
-    gender = "女" if rng.random() < profile.female_share.get(primary, profile.female_share.get("default", 0.5)) else "男"
+    female = profile.female_share.get(primary, profile.female_share.get("default", 0.5))
+    gender = "女" if rng.random() < female else "男"
     band = "child" if age <= 12 else "teen" if age <= 17 else "elderly" if age >= 60 else "adult"
 
     postpartum = primary == "F32" and gender == "女" and 22 <= age <= 40 and rng.random() < profile.postpartum_share
@@ -316,11 +317,13 @@ def plan_case(profile: Profile, prefixes: tuple[str, ...], plan_seed: int, case_
     for p in prefixes:
         absent += [s for s in dx[p].get("absent", []) if s not in present and s not in absent]
     for s in ("mania_screen", "hallucinations", "risk_ideation"):  # the usual rule-outs of a history
-        if s not in present and s not in absent and not (s == "risk_ideation" and band == "child" and rng.random() < 0.5):
+        if s not in present and s not in absent and not (s == "risk_ideation" and band == "child"
+                                                         and rng.random() < 0.5):
             absent.append(s)
     symptoms = content["symptoms"]
     phrasing = {s: rng.randrange(len(symptoms[s]["present"])) for s in present}
-    fill = {"kg": rng.randint(2, 8), "months": rng.randint(1, 6), "hours": rng.randint(1, 4), "weeks": rng.randint(1, 4)}
+    fill = {"kg": rng.randint(2, 8), "months": rng.randint(1, 6), "hours": rng.randint(1, 4),
+            "weeks": rng.randint(1, 4)}
 
     stress_key = "trauma" if any(c.startswith("F43.1") for c, _ in codes) else band
     stressor = rng.choice(content["stressors"][stress_key]) if (stress_key == "trauma" or primary == "F43"
@@ -336,8 +339,10 @@ def plan_case(profile: Profile, prefixes: tuple[str, ...], plan_seed: int, case_
         companion = "丈夫" if gender == "女" else "妻子"
     if companion == "无" or (band == "adult" and marital.startswith("未婚")):
         companion = ""
-    prior = rng.choice(["既往未就诊，未服用药物。", "既往未就诊。", "曾在外院就诊，服药（具体不详）效果欠佳，已自行停药。",
-                        "曾在学校心理咨询室谈过2次，效果不明显。" if band in ("child", "teen") else "曾在综合医院就诊，检查未见明显异常。"])
+    prior = rng.choice(["既往未就诊，未服用药物。", "既往未就诊。",
+                        "曾在外院就诊，服药（具体不详）效果欠佳，已自行停药。",
+                        "曾在学校心理咨询室谈过2次，效果不明显。" if band in ("child", "teen")
+                        else "曾在综合医院就诊，检查未见明显异常。"])
     drugs = _treatment(rng, prefixes, age, gender, postpartum or breastfeeding, bool(pregnant_weeks), content)
     psychotic = any(p[:2] == "F2" for p in prefixes)
     insight = ("自知力缺乏" if psychotic else rng.choice(["自知力存在", "自知力部分存在", "自知力存在"]))
@@ -370,7 +375,8 @@ def _marital(rng: random.Random, age: int, gender: str, postpartum: bool, pregna
     partner = "男友" if gender == "女" else "女友"
     child = rng.choice(["一子", "一女", "一子一女"])
     if postpartum:
-        return f"已婚，育有一{rng.choice(['子', '女'])}（{max(2, days // 30 + 1)}月龄），夫妻关系{rng.choice(['尚可', '一般', '好'])}。"
+        child, months = rng.choice(['子', '女']), max(2, days // 30 + 1)
+        return f"已婚，育有一{child}（{months}月龄），夫妻关系{rng.choice(['尚可', '一般', '好'])}。"
     if pregnant_weeks:
         return f"已婚，现孕{pregnant_weeks}周，夫妻关系{rng.choice(['尚可', '好'])}。"
     if age < 18:
@@ -433,4 +439,5 @@ def synthesize_plans(profile: Profile, n: int, seed: int) -> list[CasePlan]:
     rng = random.Random(seed)
     sets = allocate_diagnoses(profile, n, rng)
     tag = id_tag(seed, profile.name)
-    return [plan_case(profile, s, case_seed(seed, profile.name, i), f"syn{tag}-{i + 1:06d}") for i, s in enumerate(sets)]
+    return [plan_case(profile, s, case_seed(seed, profile.name, i), f"syn{tag}-{i + 1:06d}")
+            for i, s in enumerate(sets)]

@@ -16,9 +16,9 @@ import zlib
 from collections import Counter
 from typing import Any, Protocol, Sequence
 
-from mdd.errors import MddError
 from mdd import knowledge
 from mdd.cases.plan import CasePlan, diagnosis_symptoms
+from mdd.errors import MddError
 
 MSE_KEYS = ("意识", "定向", "接触对答", "注意", "感知", "思维", "情感", "意志、行为", "智能", "躯体症状", "自知力")
 PERSONAL_KEYS = ("孕产情况", "发育情况", "婚恋情况", "工作、学习情况", "月经情况", "病前性格", "特殊嗜好")
@@ -66,7 +66,8 @@ _SET = {  # set phrases of a record, several ways each (the plan's ``wording`` s
     "will": ["意志行为无明显异常", "意志活动尚可", "行为未见明显异常"],
     "intellect": ["智能无异常", "智能正常", "智能粗测正常", "记忆、计算粗测正常"],
     "body": ["无明显躯体不适", "未诉明显躯体不适", "躯体症状不明显"],
-    "informed": ["已告知常见药物不良反应，详见说明书，按时按量服药，勿自行停药或加量。", "已告知药物常见不良反应，遵医嘱服药，不可自行停药。",
+    "informed": ["已告知常见药物不良反应，详见说明书，按时按量服药，勿自行停药或加量。",
+                 "已告知药物常见不良反应，遵医嘱服药，不可自行停药。",
                  "告知药物作用及不良反应，按时服药，勿擅自增减药量。"],
     "review": ["两周后复诊", "2周后门诊复诊", "一周后复诊，评估疗效", "定期门诊复诊"],
     "come_back": ["如有明显不适或病情加重及时来院就诊", "如病情变化随时就诊", "症状加重时及时就诊"],
@@ -133,7 +134,8 @@ def mental_state(plan: CasePlan) -> dict[str, str]:
         "接触对答": calm if "mood_low" not in plan.present else _say(plan, "contact_low"),
         "注意": "，".join(found["注意"]) or _say(plan, "attention"),
         "感知": "，".join(found["感知"]) or _say(plan, "perception"),
-        "思维": "，".join(["思维连贯"] + thought + ([] if "delusions" in plan.present else [_say(plan, "no_delusion")])),
+        "思维": "，".join(["思维连贯"] + thought
+                        + ([] if "delusions" in plan.present else [_say(plan, "no_delusion")])),
         "情感": "，".join(found["情感"]) or _say(plan, "mood_even"),
         "意志、行为": "，".join(found["意志、行为"]) or _say(plan, "will"),
         "智能": _say(plan, "intellect"),
@@ -265,8 +267,8 @@ class ScriptedCaseWriter:
             "诊断结果": "，".join(n for _, n in plan.codes),
             "主诉": complaint(plan),
             "现病史": present_illness(plan),
-            "重要或相关躯体疾病史": plan.physical_history if plan.physical_history.endswith("。") or plan.physical_history == "无"
-            else plan.physical_history + "。",
+            "重要或相关躯体疾病史": plan.physical_history
+            if plan.physical_history.endswith("。") or plan.physical_history == "无" else plan.physical_history + "。",
             "家族史": plan.family_history if plan.family_history == "无" else plan.family_history + "。",
             "个人史": {
                 "孕产情况": plan.birth,
@@ -371,7 +373,8 @@ class EngineCaseWriter:
 def prompt(plan: CasePlan, failed: Sequence[Any] = ()) -> str:
     """The brief an engine-backed writer gets: the plan's facts, and the rules its last record broke."""
     facts = plan.to_dict()
-    lines = ["请根据以下病例要素，按门诊精神科病历格式写一份病例（JSON，字段：患者、年龄、性别、ICD编码、诊断结果、主诉、现病史、"
+    lines = ["请根据以下病例要素，按门诊精神科病历格式写一份病例（JSON，字段：患者、年龄、性别、ICD编码、诊断结果、"
+             "主诉、现病史、"
              "重要或相关躯体疾病史、家族史、个人史{孕产情况,发育情况,婚恋情况,工作、学习情况,月经情况,病前性格,特殊嗜好}、"
              "精神检查{" + ",".join(MSE_KEYS) + "}、处理意见）。不写姓名、具体日期和任何可识别个人的信息。",
              f"病例要素：{facts}"]

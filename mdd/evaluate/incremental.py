@@ -184,6 +184,7 @@ def plan(store: Store, cfg: Any, faith_mode: str, per_batch: int, shard_ids: dic
         comp = {**base, "idf": idf.sha}
         return Plan(fingerprint(comp), comp, idf, True, shards, {}, sorted(set(prev.get("shards", {})) - set(shards))
                     if prev else [], reason)
+    assert prev is not None and prev_idf is not None  # else a reason for a full evaluation was found above
     comp = {**base, "idf": prev_idf.sha}
     fp = fingerprint(comp)
     sizes = store.file_sizes(SYNTH)

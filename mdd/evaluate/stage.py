@@ -28,8 +28,16 @@ from mdd.evaluate.coverage import format_coverage
 from mdd.evaluate.rule_set import checklist_item
 from mdd.evaluate.scoring import DIALOGUE_COLUMNS, load_records
 from mdd.evaluate.validity import format_validity
-from mdd.storage import (SYNTH, Store, describe_error, dialogue_shards, duplicate_rows, log_duplicates, open_store,
-                         without_rows)
+from mdd.storage import (
+    SYNTH,
+    Store,
+    describe_error,
+    dialogue_shards,
+    duplicate_rows,
+    log_duplicates,
+    open_store,
+    without_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +54,10 @@ def _cluster() -> tuple[int, int]:
 
 def _check_settings(cfg: Any) -> None:
     """The evaluator's settings, checked before anything is touched (the error names the key)."""
-    from mdd.index.embedders import check_embedder
     from mdd.evaluate.judges import make_judge
     from mdd.evaluate.quality import load_lexicon
     from mdd.evaluate.rule_set import load_rules
+    from mdd.index.embedders import check_embedder
 
     ev = cfg.evaluate
     checks = {
@@ -200,9 +208,9 @@ def _validity(cfg: Any, out: Store, dst: Store, shards: dict[str, list[str]], sc
     the same pipeline in the driver (reads only the shards that hold sampled dialogues)."""
     import pyarrow.parquet as pq
 
-    from mdd.index.embedders import make_embedder
     from mdd.evaluate.scoring import ExchangeScorer
     from mdd.evaluate.validity import sample_ids, self_check
+    from mdd.index.embedders import make_embedder
 
     ev, vc = cfg.evaluate, cfg.evaluate.validity
     ids = set(sample_ids([d for v in shards.values() for d in v], vc.sample_dialogues))

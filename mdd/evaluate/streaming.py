@@ -84,10 +84,10 @@ class ShardEvaluator:
     def __init__(self, src: Any, dst: Any, columns: list[str], per_batch: int, scorer_kwargs: dict[str, Any],
                  embedder: str, embedder_model: str | None, rule_sets: tuple[str, ...], judge: str,
                  engine_cfg: Any, metadata: dict[str, str], index_cfg: Any, skip: dict[str, list[int]] | None = None):
-        from mdd.index.embedders import make_embedder
         from mdd.evaluate.judges import make_judge
         from mdd.evaluate.rule_set import load_rules
         from mdd.evaluate.scoring import ExchangeScorer, load_records
+        from mdd.index.embedders import make_embedder
 
         self.src, self.dst, self.columns, self.per_batch = src, dst, columns, per_batch
         self.embedder = make_embedder(embedder, embedder_model)
@@ -141,5 +141,5 @@ def evaluate_shards(shards: Sequence[str], workers: int, num_gpus: float | None,
         return dict(pool.map_unordered(lambda a, s: a.run.remote(s), list(shards)))
     finally:
         for a in actors:
-            ray.kill(a)
+            ray.kill(a)  # type: ignore[arg-type]  # ray's stubs type .options(...).remote() as the class
 

@@ -124,14 +124,17 @@ _CUED = (
     ("qq", re.compile(r"(?i)(?:qq|扣扣|企鹅号?|q号)" + _CUE_TAIL + r"([0-9](?:" + _SEP + r"?[0-9]){4,12})")),
     ("wechat", re.compile(r"(?i)(?:微信|薇信|威信|v信|weixin|wechat|vx|wx)" + _CUE_TAIL +
                           r"([A-Za-z][-_A-Za-z0-9]{5,19}|\+?[0-9](?:" + _SEP + r"{0,3}[0-9]){4,})")),
-    ("record_number", re.compile(r"(?i)(?:住院号|病案号|门诊号|病历号|就诊卡号|就诊号|医保卡号|社保卡号|医保号|社保号|社会保障号码?|"
+    ("record_number", re.compile(r"(?i)(?:住院号|病案号|门诊号|病历号|就诊卡号|就诊号|医保卡号|社保卡号|医保号|社保号|"
+                                 r"社会保障号码?|"
                                  r"登记号|档案号|流水号|挂号单号|条码号|患者ID|病人ID|病历ID|ID号|证件号|身份证号?|卡号|账号|帐号|"
                                  r"台胞证号?|回乡证号?|居住证号?|士兵证号?|IMEI|imei)"
                                  + _CUE_TAIL + r"([A-Za-z0-9](?:[-A-Za-z0-9 ]?[A-Za-z0-9]){3,})")),
     ("passport", re.compile(r"(?:护照|通行证|签证)" + _CUE_TAIL + r"([A-Za-z]{0,2}[0-9](?:[- ]?[0-9]){5,9})")),
-    ("employee_number", re.compile(r"(?:工号|员工号|员工编号|职工号|职工编号|工作证号|学号|警号|军官证号?|驾驶证号|驾照号|编号)"
+    ("employee_number", re.compile(r"(?:工号|员工号|员工编号|职工号|职工编号|工作证号|学号|警号|军官证号?|"
+                                   r"驾驶证号|驾照号|编号)"
                                    + _CUE_TAIL + r"([A-Za-z0-9](?:[-_A-Za-z0-9 ]?[A-Za-z0-9]){2,})")),
-    ("account", re.compile(r"(?i)(?:抖音|快手|微博|小红书|b站|哔哩哔哩|知乎|豆瓣|贴吧|ins|instagram|twitter|推特|脸书|facebook|"
+    ("account", re.compile(r"(?i)(?:抖音|快手|微博|小红书|b站|哔哩哔哩|知乎|豆瓣|贴吧|ins|instagram|twitter|推特|"
+                           r"脸书|facebook|"
                            r"tiktok|游戏)(?:号|账号|帐号|id|用户名|昵称|ID)\s*(?:是|为|[:：])?\s*@?"
                            r"([A-Za-z0-9_\-.]{2,30}|[\u3400-\u9fff][\u3400-\u9fffA-Za-z0-9_\-]{1,15})")),
     ("account", re.compile(r"(?i)(?:抖音|快手|微博|小红书|b站|知乎|豆瓣|贴吧|ins|twitter|推特|tiktok)[^，。；\s@]{0,4}"
@@ -467,7 +470,8 @@ def plain_file_name(name: str) -> bool:
     """A file name made only of plain words (cases, sample, part …) and short serials."""
     stem = name.rsplit(".", 1)[0] if "." in name else name
     words = [w for w in re.split(r"[-_.\s]+", stem.lower()) if w]
-    return bool(words) and all(w in _FILE_WORDS or (re.fullmatch(r"[a-z]?[0-9]{0,3}|[a-z]{0,3}[0-9]{1,3}", w) is not None)
+    serial = re.compile(r"[a-z]?[0-9]{0,3}|[a-z]{0,3}[0-9]{1,3}")
+    return bool(words) and all(w in _FILE_WORDS or serial.fullmatch(w) is not None
                                for w in words) and not find(name, ner=False)
 
 

@@ -150,7 +150,8 @@ def names(text: str, toks: list[tuple[int, int, str, str]]) -> Iterator[Span]:
         i += 1
 
 
-_TITLES = ("医生", "医师", "大夫", "老师", "女士", "先生", "小姐", "主任", "护士长", "护士", "教授", "律师", "警官", "师傅",
+_TITLES = ("医生", "医师", "大夫", "老师", "女士", "先生", "小姐", "主任", "护士长", "护士", "教授", "律师", "警官",
+           "师傅",
            "经理", "阿姨", "叔叔", "院长", "校长", "老板", "书记", "科长", "处长", "局长", "队长", "班长")
 _GIVEN_STOP = set("曾说称诉讲是在和与的了也都就又还于陪代告认觉表等及并因从到被把对给向跟去来")
 
@@ -185,8 +186,8 @@ def titled_names(text: str) -> Iterator[Span]:
             given = m.group(1)
             if len(given) == 2 and given[1] in _GIVEN_STOP:
                 given = given[0]
-            if given[0] in _GIVEN_STOP or (c in lex["weak_compound"] and not (_cue_before(text, m.start()) or
-                                                                              _cue_after(text, m.start() + len(c) + len(given)))):
+            cued = _cue_before(text, m.start()) or _cue_after(text, m.start() + len(c) + len(given))
+            if given[0] in _GIVEN_STOP or (c in lex["weak_compound"] and not cued):
                 continue
             yield Span(m.start(), m.start() + len(c) + len(given), "name", "某某")
 
@@ -292,7 +293,8 @@ def _chains(text: str, toks: list[tuple[int, int, str, str]]) -> Iterator[Span]:
 def _split_units(chain: str) -> list[str]:
     """The units of a chain, up to the first one that is a common word (城区, 市区)."""
     out = []
-    for u in re.findall(rf"[{_CJK}]{{1,5}}?(?:自治州|自治县|地区|街道|大道|大街|市|州|盟|区|县|旗|镇|乡|村|屯|路|街)", chain):
+    units = "自治州|自治县|地区|街道|大道|大街|市|州|盟|区|县|旗|镇|乡|村|屯|路|街"
+    for u in re.findall(rf"[{_CJK}]{{1,5}}?(?:{units})", chain):
         if u in _lex()["generic_places"] or len(u) < 2:
             break
         out.append(u)

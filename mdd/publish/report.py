@@ -279,7 +279,8 @@ def _metrics(ctx: Context) -> Panel:
         blocks.append(note(f"{te.num_rows:,} exchanges; {sum(map(bool, hq)):,} high quality "
                            f"({sum(map(bool, hq)) / max(len(hq), 1):.1%})."))
         if "hq_reason" in te.column_names:
-            reasons = Counter("(high quality)" if r in (None, "") else str(r) for r in te.column("hq_reason").to_pylist())
+            reasons = Counter("(high quality)" if r in (None, "") else str(r)
+                              for r in te.column("hq_reason").to_pylist())
             figs.append(("hq_reasons", plots.barh(reasons, title="Why exchanges are (not) high quality",
                                                   xlabel="exchanges")))
     validity = ev.get("validity")
@@ -549,7 +550,8 @@ def build_report(out: str | os.PathLike | Store, reference_path: str | os.PathLi
     name = run.section("synthesize", "config", "run_name") or posixpath.basename(store.uri.rstrip("/"))
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>mdd run report: {esc(name)}</title>"
             f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>mdd run report: {esc(name)}</h1>"
-            f"<p class='note'>{esc(store.display())}</p><nav>{nav}</nav>{''.join(sections)}{_other_sections(ctx)}</body></html>")
+            f"<p class='note'>{esc(store.display())}</p><nav>{nav}</nav>{''.join(sections)}{_other_sections(ctx)}"
+            "</body></html>")
     sink.write_text(REPORT_FILE, page)
     if dest is None:
         for old in store.files(FIGURE_DIR, ".png"):  # figures of an earlier report that this one lacks

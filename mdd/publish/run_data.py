@@ -110,7 +110,8 @@ class RunData:
 
 def _unreadable(store: Store, rel: str, exc: BaseException) -> StorageError:
     top = rel.split("/")[0]
-    fix = {"eval": f"mdd evaluate --out {store.display()} --full", "index": f"mdd evaluate --out {store.display()} --full",
+    fix = {"eval": f"mdd evaluate --out {store.display()} --full",
+           "index": f"mdd evaluate --out {store.display()} --full",
            "synth": f"mdd synthesize --out {store.display()} (it quarantines the file and writes its dialogues again)"
            }.get(top, f"mdd synthesize --out {store.display()}")
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]

@@ -16,8 +16,8 @@ anxiety, mixed anxiety-depression, other). For each task, in one run:
 - ``chance``: label-blind guessing with the training label frequencies (the band the control should hit);
 
 each with accuracy and macro-F1 and a bootstrap 95% interval that resamples reference *cases* within
-their class (the dialogues of one patient are not independent), plus per-class F1, the confusion matrix, a learning curve
-over four training sizes, the doctor-only and patient-only views, and a leakage check.
+their class (the dialogues of one patient are not independent), plus per-class F1, the confusion matrix, a
+learning curve over four training sizes, the doctor-only and patient-only views, and a leakage check.
 
 No leakage: the classifier sees the interview before the closing. The doctor's closing turn (topic
 诊断结果) and everything after it are dropped; a dialogue without that topic loses trailing doctor turns
@@ -228,7 +228,10 @@ class TfidfLogReg:
 
     def __init__(self, counts: CharCounts | None = None, seed: int = 0, min_df: int = 2):
         self.counts, self.seed, self.min_df = counts or CharCounts(), seed, min_df
-        self._cols = self._tfidf = self._clf = self._const = None
+        self._cols: Any = None
+        self._tfidf: Any = None
+        self._clf: Any = None
+        self._const: _Constant | None = None
 
     def fit(self, texts: list[str], y: list[str]) -> "TfidfLogReg":
         from sklearn.feature_extraction.text import TfidfTransformer
@@ -606,7 +609,8 @@ def learning_curve(train: list[Item], y_train: list[str], test: list[Item], y_te
             accs.append(float(np.trace(conf) / conf.sum()))
             sizes.append(len(idx))
             ncases.append(len(chosen))
-        points.append({"fraction": frac, "n_train": round(float(np.mean(sizes))), "n_cases": round(float(np.mean(ncases))),
+        points.append({"fraction": frac, "n_train": round(float(np.mean(sizes))),
+                       "n_cases": round(float(np.mean(ncases))),
                        "macro_f1": float(np.mean(f1s)), "macro_f1_sd": float(np.std(f1s)),
                        "accuracy": float(np.mean(accs)), "repeats": len(f1s)})
     return points
@@ -624,7 +628,8 @@ def leakage_check(train: list[Item], y_train: list[str], make: Callable[[], Clas
     classes = sorted(set(y_train))
     out: dict[str, Any] = {"dialogues_with_closing": sum(1 for it in train if it.closing)}
     views = (("closing_only", [it.closing for it in train]), ("interview", [it.views["full"] for it in train]),
-             ("doctor_only", [it.views["doctor"] for it in train]), ("patient_only", [it.views["patient"] for it in train]))
+             ("doctor_only", [it.views["doctor"] for it in train]),
+             ("patient_only", [it.views["patient"] for it in train]))
     for name, texts in views:
         if name == "closing_only" and not out["dialogues_with_closing"]:
             out[name] = None
@@ -651,7 +656,7 @@ def load_labelled(src: str) -> tuple[list[dict[str, Any]], str]:
         missing = [c for c in ("dialogue_id", "turns", "icd_code") if c not in names]
         if missing:
             raise ValueError(f"{store.display(SYNTH)}: no column {', '.join(missing)} (not a dialogue table)")
-        cols = [c for c in ("dialogue_id", "case_id", "turns", "icd_code", "diagnosis") if c in names]
+        cols: list[str] = [c for c in ("dialogue_id", "case_id", "turns", "icd_code", "diagnosis") if c in names]
         return store.read_table(SYNTH, columns=cols).to_pylist(), f"run ({SYNTH}/)"
     root = Path(src)
     for dlg, lab, name in MDD5K_LAYOUTS:
@@ -675,7 +680,8 @@ def _prepare_all(rows: list[dict[str, Any]], what: str) -> tuple[list[Item], dic
     return labelled, stats
 
 
-def utility(run_rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], s: Settings | None = None) -> dict[str, Any]:
+def utility(run_rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]],
+            s: Settings | None = None) -> dict[str, Any]:
     """Every task for dialogue rows of a run and of a reference (the Python API under ``run_utility``)."""
     from threadpoolctl import threadpool_limits
 
@@ -697,7 +703,8 @@ def _utility(run_rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], s: 
     return {"tasks": tasks,
             "guard": {"run": run_stats, "reference": ref_stats, "closings_in_classifier_input": leaked,
                       "closing_topic": book()["closing_topic"], "closing_patterns": book()["closing_patterns"]},
-            "settings": {"model": s.model, "view": s.view, "leakage_probe": LEAKAGE_PROBE, "seed": s.seed, "bootstrap": s.n_boot, "bootstrap_unit": "reference case, drawn within its class",
+            "settings": {"model": s.model, "view": s.view, "leakage_probe": LEAKAGE_PROBE, "seed": s.seed,
+                         "bootstrap": s.n_boot, "bootstrap_unit": "reference case, drawn within its class",
                          "folds": s.folds, "permutations": s.permutations, "learning_fractions": list(s.fractions),
                          "learning_repeats": s.repeats, "labels": f"mdd/knowledge/{LABELS_FILE}", **s.extras}}
 

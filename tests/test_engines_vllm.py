@@ -91,14 +91,15 @@ async def test_prefix_cache_hits_grow(vllm_engine):
         Request(messages=_msgs(*history), sampling=Sampling(max_tokens=16, seed=8), session="cache")
     )
     assert second.prompt_tokens > first.prompt_tokens
-    # the first prompt and its own answer are reused whole blocks at a time (the answer's KV
-    # was written while decoding; its last token was never fed back)
+    # the first prompt is reused whole blocks at a time (its answer's blocks too when the answer's text
+    # tokenizes back to the tokens generated, which the random-weight model's text often does not: the
+    # block holding the prompt's end and the answer's start is then computed again)
     stats = await vllm_engine.aengine_stats()
     # configs/local-vllm.yaml as vLLM resolved it: not the CPU build's default block of 128, and
     # the KV cache in fp8
     assert {s["block_size"] for s in stats} == {32}
     assert {s["kv_cache_dtype"] for s in stats} == {"fp8_e4m3"}
-    assert second.cached_tokens >= (first.prompt_tokens + first.output_tokens - 1) // 32 * 32 > 0
+    assert second.cached_tokens >= first.prompt_tokens // 32 * 32 > 0
     after = before
     for _ in range(20):  # vLLM records its counters just after returning the output
         after = await vllm_engine.ametrics()

@@ -90,3 +90,20 @@ def test_mdd5k_import_counts_companion_answers_like_the_evaluation():
     assert row["n_exchanges"] == 3 and row["n_turns"] == 5
     rows, _, _ = mdd5k.read_mdd5k(SHARED / "dialogues", SHARED / "labels")
     assert rows and all(r["n_exchanges"] == count_exchanges(r["turns"]) for r in rows)
+
+
+def test_the_run_summary_is_typed_and_round_trips(main_run):
+    """run.json["synthesize"] is written from a SynthesisSummary and read back into one: every key, in order;
+    a section of an older version (keys missing) reads with defaults."""
+    import json
+
+    from mdd.record.summary import SynthesisSummary
+
+    section = json.loads((main_run / "run.json").read_text(encoding="utf-8"))["synthesize"]
+    s = SynthesisSummary.from_json(section)
+    assert s.to_json() == section and list(s.to_json()) == list(section)
+    assert s.counts.dialogues_in_output == 12 and s.engine.name == "scripted"
+    assert s.setting("synth", "variants") == 2 and s.setting("synth", "nothing") is None
+    old = SynthesisSummary.from_json({"counts": {"dialogues_run": 3}, "engine": None})
+    assert old.counts.dialogues_run == 3 and old.counts.cases_rejected == 0 and old.engine.name is None
+    assert SynthesisSummary.from_json(None).llm_calls.per_exchange is None

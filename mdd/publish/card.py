@@ -17,6 +17,7 @@ import yaml
 
 from mdd.publish.run_data import USAGE_FIELDS, RunData, usage_by_model
 from mdd.publish.stats import case_sources, headline, reference
+from mdd.record.summary import SynthesisSummary
 from mdd.storage import Store
 
 CARD_FILE = "README.md"
@@ -188,10 +189,9 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
     with it (the new report or export), read as if committed. Returns where it goes."""
     run = RunData(out, sections)
     store = run.store
-    syn = run.section("synthesize") or {}
-    conf = syn.get("config") or {}
-    pub = (cfg.publish.model_dump() if cfg is not None else conf.get("publish")) or {}
-    run_name = conf.get("run_name") or posixpath.basename(store.uri.rstrip("/"))
+    syn = SynthesisSummary.from_json(run.section("synthesize"))
+    pub = (cfg.publish.model_dump() if cfg is not None else syn.setting("publish")) or {}
+    run_name = syn.setting("run_name") or posixpath.basename(store.uri.rstrip("/"))
     pretty = pub.get("pretty_name") or f"mdd psychiatric diagnostic dialogues ({run_name})"
     meta, schemas = header(run, pub.get("license") or "apache-2.0", pretty)
     h = (run.section("report") or {}).get("headline") or headline(run, reference(reference_path))
@@ -223,20 +223,18 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
                   _md_table([{"column": f"`{f.name}`", "type": f"`{f.type}`", "meaning": COLUMN_DOCS.get(f.name, "")}
                              for f in sch], ["column", "type", "meaning"]), ""]
     ev = run.section("evaluate") or {}
-    versions = syn.get("versions") or {}
+    exemplars = syn.setting("synth", "dialogue", "exemplars", "index")
     made = {
         "engine": engine, "model": model,
-        "cases": (conf.get("synth") or {}).get("cases"),
-        "variants per case": (conf.get("synth") or {}).get("variants"),
-        "run seed": (conf.get("synth") or {}).get("seed"),
-        "exemplars": ((((conf.get("synth") or {}).get("dialogue") or {}).get("exemplars") or {}).get("index")
-                      and "the doctor saw high-quality question–answer pairs of "
-                          f"`{conf['synth']['dialogue']['exemplars']['index']}` before each topic "
-                          "(ids in `turns[].exemplars`)"),
+        "cases": syn.setting("synth", "cases"),
+        "variants per case": syn.setting("synth", "variants"),
+        "run seed": syn.setting("synth", "seed"),
+        "exemplars": exemplars and ("the doctor saw high-quality question–answer pairs of "
+                                    f"`{exemplars}` before each topic (ids in `turns[].exemplars`)"),
         "evaluation": (f"embedder `{ev.get('embedder')}`, judge `{ev.get('judge')}`, faithfulness "
                        f"`{ev.get('faithfulness')}`, high-quality threshold {ev.get('threshold')}") if ev else None,
-        "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) or None,
-        "command": " ".join(syn.get("argv") or []) or None,
+        "versions": ", ".join(f"{k} {v}" for k, v in syn.versions.items()) or None,
+        "command": " ".join(syn.argv) or None,
     }
     parts += ["## How it was made", "",
               "Each dialogue follows the paper's Algorithm 1: a doctor agent with a persona, steered by a dynamic "
@@ -341,7 +339,7 @@ SOURCE_TEXT = {"synthetic": "synthetic records (`source: synthetic`, with the pr
                "unstated": "records that do not state their source (e.g. the sample cases, hospital files)"}
 
 
-def _sources_section(run: RunData, syn: dict[str, Any]) -> list[str]:
+def _sources_section(run: RunData, syn: SynthesisSummary) -> list[str]:
     """The share of each case source (the dialogue table's ``case_source``), and the synthetic cases'
     fidelity to their profile (run.json ``synthesize.synthetic_cases``)."""
     sources = case_sources(run)
@@ -355,7 +353,7 @@ def _sources_section(run: RunData, syn: dict[str, Any]) -> list[str]:
                          "share of cases": f"{v['case_share']:.1%}", "dialogues": f"{v['dialogues']:,}",
                          "share of dialogues": f"{v['dialogue_share']:.1%}"} for k, v in sources.items()],
                        ["source", "what", "cases", "share of cases", "dialogues", "share of dialogues"]), ""]
-    for profile, d in (syn.get("synthetic_cases") or {}).items():
+    for profile, d in (syn.synthetic_cases or {}).items():
         if "js_distance" not in d:
             continue
         nd = d.get("near_duplicates") or {}

@@ -34,6 +34,7 @@ import pyarrow as pa
 from mdd.publish import plots
 from mdd.publish.run_data import RunData, usage_by_model
 from mdd.publish.stats import case_sources, headline, icd_prefix, reference, rule_counts, shape
+from mdd.record.summary import SynthesisSummary
 from mdd.schema import METRICS
 from mdd.storage import StorageError, Store
 
@@ -137,7 +138,7 @@ def _overview(ctx: Context) -> Panel:
     h = headline(ctx.run, ctx.ref)
     if not h["dialogues"]:
         raise NotAvailable("no dialogues in synth/")
-    syn = ctx.run.section("synthesize") or {}
+    syn = SynthesisSummary.from_json(ctx.run.section("synthesize"))
     rows = {
         "dialogues": h["dialogues"], "cases": h["cases"], "engine": h.get("engine"), "model": h.get("model"),
         "exchanges per dialogue (mean)": h.get("exchanges_mean"),
@@ -145,10 +146,10 @@ def _overview(ctx: Context) -> Panel:
         "rule pass rate (triggered rules)": h.get("rule_pass_rate"),
         "LLM calls per exchange": h.get("llm_calls_per_exchange"),
         "cases rejected": h.get("cases_rejected"), "dialogues failed": h.get("dialogues_failed"),
-        "synthesis wall time (s)": syn.get("wall_time_s"),
+        "synthesis wall time (s)": syn.wall_time_s,
         "evaluation wall time (s)": (ctx.run.section("evaluate") or {}).get("wall_s"),
     }
-    versions = syn.get("versions") or {}
+    versions = syn.versions
     blocks = [kv_table({k: v for k, v in rows.items() if v is not None})]
     if versions:
         blocks.append(note("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())))
@@ -314,35 +315,36 @@ def _rules(ctx: Context) -> Panel:
 
 @panel("cost", "Cost: LLM calls and tokens")
 def _cost(ctx: Context) -> Panel:
-    syn = ctx.run.section("synthesize") or {}
-    calls, tokens = syn.get("llm_calls") or {}, syn.get("tokens") or {}
-    if not calls and not tokens:
+    section = ctx.run.section("synthesize") or {}
+    if not section.get("llm_calls") and not section.get("tokens"):
         raise NotAvailable("no llm_calls / tokens in run.json's synthesize section")
-    by_role = {"calls": calls.get("by_role") or {}, "prompt tokens": tokens.get("prompt_by_role") or {},
-               "output tokens": tokens.get("output_by_role") or {}}
+    syn = SynthesisSummary.from_json(section)
+    calls, tokens = syn.llm_calls, syn.tokens
+    by_role = {"calls": calls.by_role, "prompt tokens": tokens.prompt_by_role, "output tokens": tokens.output_by_role}
     figs = [("cost_by_role", plots.bar_grid({k: v for k, v in by_role.items() if v},
                                             title="By role (this synthesis run)"))]
-    if calls.get("by_op"):
-        figs.append(("calls_by_op", plots.barh(calls["by_op"], title="LLM calls by operation", xlabel="calls")))
+    if calls.by_op:
+        figs.append(("calls_by_op", plots.barh(calls.by_op, title="LLM calls by operation", xlabel="calls")))
     roles = sorted({r for d in by_role.values() for r in d})
     blocks = [html_table([{"role": r, **{k: v.get(r) for k, v in by_role.items()}} for r in roles])]
-    counts = syn.get("counts") or {}
+    counts = syn.counts
     blocks.append(note(
-        f"The last synthesis invocation: {counts.get('dialogues_run', 0):,} dialogues run "
-        f"({counts.get('dialogues_already_written', 0):,} were already written by an earlier one); cached prompt "
-        f"tokens {tokens.get('cached_prompt_tokens', 0):,}; calls per exchange {calls.get('per_exchange')}; "
-        f"tool-verdict fallbacks {sum((syn.get('fallbacks') or {}).values()):,}."
-        + (" The scripted engine counts characters, not tokens." if (syn.get("engine") or {}).get("name") == "scripted"
-           else "")))
+        f"The last synthesis invocation: {counts.dialogues_run:,} dialogues run "
+        f"({counts.dialogues_already_written:,} were already written by an earlier one); cached prompt "
+        f"tokens {tokens.cached_prompt_tokens:,}; calls per exchange {calls.per_exchange}; "
+        f"tool-verdict fallbacks {sum(syn.fallbacks.values()):,}."
+        + (" The scripted engine counts characters, not tokens." if syn.engine.name == "scripted" else "")))
     usage = usage_by_model(ctx.run)
     if usage:
         blocks += ["<h3>By model, every dialogue of the run</h3>", html_table(usage)]
-    by_pair = syn.get("usage_by_model_and_role") or {}
+    by_pair = syn.usage_by_model_and_role
     if by_pair:
         blocks += ["<h3>By model and role, the last synthesis invocation</h3>", html_table(
             [{"model": m, "role": r, **u} for m, roles in by_pair.items() for r, u in roles.items()])]
-    by_model = {k: v for src in (calls, tokens, syn) for k, v in src.items()
-                if "model" in k and isinstance(v, dict) and k != "usage_by_model_and_role"}
+    by_model = {k: v for k, v in (("by_model", calls.by_model), ("prompt_by_model", tokens.prompt_by_model),
+                                  ("output_by_model", tokens.output_by_model),
+                                  ("cached_by_model", tokens.cached_by_model)) if k in section.get(
+                    "llm_calls" if k == "by_model" else "tokens", {})}
     if by_model:
         blocks += ["<h3>By model, the last synthesis invocation</h3>"] + [
             f"<h4>{esc(k)}</h4>{mapping_block(v)}" for k, v in by_model.items()]
@@ -363,13 +365,16 @@ def _total(x: Any) -> float:
 
 @panel("problems", "Failures and rejects")
 def _problems(ctx: Context) -> Panel:
-    counts = (ctx.run.section("synthesize") or {}).get("counts") or {}
+    section = ctx.run.section("synthesize") or {}
+    counts = SynthesisSummary.from_json(section).counts
     rej, fail = ctx.run.rejects, ctx.run.failures
     figs, blocks = [], []
-    blocks.append(kv_table({"cases rejected": counts.get("cases_rejected", rej.num_rows if rej is not None else 0),
+    known = section.get("counts") or {}
+    blocks.append(kv_table({"cases rejected": counts.cases_rejected if "cases_rejected" in known
+                            else rej.num_rows if rej is not None else 0,
                             "reject rows": rej.num_rows if rej is not None else 0,
                             "dialogues failed": fail.num_rows if fail is not None else 0,
-                            "dialogue retries": counts.get("dialogue_retries")}))
+                            "dialogue retries": counts.dialogue_retries if "dialogue_retries" in known else None}))
     if rej is not None and rej.num_rows:
         figs.append(("rejects", plots.barh(Counter(rej.column("field").to_pylist()), title="Rejected cases by field",
                                            xlabel="reject rows")))
@@ -382,9 +387,8 @@ def _problems(ctx: Context) -> Panel:
 
 @panel("synthetic_cases", "Case sources and synthetic cases' fidelity")
 def _synthetic_cases(ctx: Context) -> Panel:
-    syn = ctx.run.section("synthesize") or {}
     sources = case_sources(ctx.run)
-    figures = syn.get("synthetic_cases") or {}
+    figures = SynthesisSummary.from_json(ctx.run.section("synthesize")).synthetic_cases or {}
     if not sources and not figures:
         raise NotAvailable("no case_source column in synth/ (a run older than case provenance)")
     blocks = [html_table([{"source": k, **v} for k, v in sources.items()],

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from mdd.publish.run_data import RunData, reference_figures
 from mdd.record import count_exchanges
+from mdd.record.summary import SynthesisSummary
 from mdd.storage import open_store
 
 
@@ -94,13 +95,14 @@ def headline(run: RunData, ref: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures a reader wants first (the report's top table, the dataset card, run.json['report'])."""
     ref = ref or reference_figures()
     st = shape(run.synth)
-    syn = run.section("synthesize") or {}
+    section = run.section("synthesize") or {}
+    syn = SynthesisSummary.from_json(section)
     ev = run.section("evaluate") or {}
     h: dict[str, Any] = {
         "dialogues": run.synth.num_rows if run.synth is not None else 0,
         "cases": len(set(run.column("synth", "case_id") or [])),
-        "engine": (syn.get("engine") or {}).get("name"),
-        "model": (syn.get("engine") or {}).get("model"),
+        "engine": syn.engine.name,
+        "model": syn.engine.model,
     }
     if st:
         h["exchanges_mean"] = round(st["exchanges_mean"], 2)
@@ -116,15 +118,13 @@ def headline(run: RunData, ref: dict[str, Any] | None = None) -> dict[str, Any]:
     trig = sum(d["passed"] + d["failed"] for d in rc.values())
     if trig:
         h["rule_pass_rate"] = round(sum(d["passed"] for d in rc.values()) / trig, 4)
-    calls = syn.get("llm_calls") or {}
-    if calls.get("per_exchange") is not None:
-        h["llm_calls_per_exchange"] = calls["per_exchange"]
-    counts = syn.get("counts") or {}
+    if syn.llm_calls.per_exchange is not None:
+        h["llm_calls_per_exchange"] = syn.llm_calls.per_exchange
     sources = case_sources(run)
     if sources:
         h["case_sources"] = {k: v["dialogue_share"] for k, v in sources.items()}
-    h["cases_rejected"] = counts.get("cases_rejected", 0)
-    h["dialogues_failed"] = run.failures.num_rows if run.failures is not None else counts.get("dialogues_failed", 0)
+    h["cases_rejected"] = syn.counts.cases_rejected
+    h["dialogues_failed"] = run.failures.num_rows if run.failures is not None else syn.counts.dialogues_failed
     return h
 
 

@@ -24,6 +24,7 @@ from mdd.config import Config
 from mdd.engines.base import EngineBase, EngineError, add_metrics, preflight_engine
 from mdd.engines.router import launch_for
 from mdd.errors import MddError
+from mdd.record.summary import Counts, EngineInfo, LLMCalls, SynthesisSummary, Tokens
 from mdd.storage import SYNTH, Store, dialogue_shards, open_store
 from mdd.synthesize.executor import fan_out
 from mdd.synthesize.plan import plan
@@ -190,66 +191,52 @@ def run_synthesis(cfg: Config, *, engine: EngineBase | None = None, progress: bo
     written = len(done) + stats.written  # dialogues in whole (or, after Ctrl-C, flushed) shards
     masked = {c.case_id: list(c.masked) for c in cases if c.masked}
     rejected_cases = len({(r.source, r.position) for r in rejects})
-    summary = {
-        "config": privacy.mask_obj(_without_input_path(cfg.model_dump(mode="json"), deid, sc.cases)),
-        "versions": package_versions(),
-        "argv": privacy.mask_obj(_argv_without_input_path(sys.argv, deid, sc.cases)),
-        "interrupted": interrupted,
-        "counts": {
-            "cases_valid": len(cases),
-            "cases_by_source": sources,
-            "cases_rejected": rejected_cases,
-            "reject_rows": len(rejects),
-            "dialogues_planned": len(items),
-            "dialogues_already_written": len(items) - len(todo),
-            "dialogues_run": stats.dialogues,
-            "dialogues_failed": len(failures),
-            "dialogues_in_output": written,
-            "dialogue_retries": stats.retries,
-            "exchanges_run": stats.exchanges,
-        },
-        "mixed_sources": case_diversity.mixed(sources),
-        # the run's synthetic cases against their profile (JS distance per attribute, near-duplicates,
-        # distinct symptom sets), by profile; None when no case is synthetic
-        "synthetic_cases": synthetic_figures,
-        "quarantined_shards": quarantined,
-        "personal_data_masked": masked,
-        "control_characters_removed": deid.controls_removed,
-        "wall_time_s": round(wall, 3),
-        "dialogues_per_min": round(stats.dialogues / wall * 60, 2) if wall > 0 else None,
-        "llm_calls": {"by_role": dict(stats.calls_by_role), "by_model": dict(stats.by_model["calls"]),
-                      "by_op": dict(stats.calls_by_op),
-                      "total": sum(stats.calls_by_op.values()),
-                      "per_exchange": round(sum(stats.calls_by_op.values()) / stats.exchanges, 3)
-                      if stats.exchanges else None},
-        "tokens": {"prompt_by_role": dict(stats.prompt_tokens_by_role),
-                   "output_by_role": dict(stats.output_tokens_by_role),
-                   "cached_by_role": dict(stats.cached_tokens_by_role),
-                   "prompt_by_model": dict(stats.by_model["prompt_tokens"]),
-                   "output_by_model": dict(stats.by_model["output_tokens"]),
-                   "cached_by_model": dict(stats.by_model["cached_tokens"]),
-                   "cached_prompt_tokens": stats.cached_tokens},
-        "fallbacks": dict(stats.fallbacks),
-        "guards": {"enabled": list(sc.dialogue.guards.enabled),
-                   "max_regenerations": sc.dialogue.guards.max_regenerations,
-                   **stats.guards.summary()},
-        "usage_by_model_and_role": stats.by_model_and_role(),
-        "speech": stats.speech.summary(),  # jargon share, repeated doctor openers, patient turn lengths, styles
-        "engine": {"name": cfg.engine.name if engine is None else engine.name,
-                   "model": cfg.engine.model if engine is None else engine.model, "metrics": engine_metrics},
-        # the Ray node of each dialogue worker as started, and of each engine actor
-        "placement": {"dialogue_workers": worker_nodes,
-                      "engines": [i.get("node") for i in getattr(engine, "launch_info", None) or []]},
-        "roles": None if cfg.roles is None and cfg.engines is None else {
+    calls = sum(stats.calls_by_op.values())
+    summary = SynthesisSummary(
+        config=privacy.mask_obj(_without_input_path(cfg.model_dump(mode="json"), deid, sc.cases)),
+        versions=package_versions(),
+        argv=privacy.mask_obj(_argv_without_input_path(sys.argv, deid, sc.cases)),
+        interrupted=interrupted,
+        counts=Counts(
+            cases_valid=len(cases), cases_by_source=sources, cases_rejected=rejected_cases, reject_rows=len(rejects),
+            dialogues_planned=len(items), dialogues_already_written=len(items) - len(todo),
+            dialogues_run=stats.dialogues, dialogues_failed=len(failures), dialogues_in_output=written,
+            dialogue_retries=stats.retries, exchanges_run=stats.exchanges),
+        mixed_sources=case_diversity.mixed(sources),
+        synthetic_cases=synthetic_figures,
+        quarantined_shards=quarantined,
+        personal_data_masked=masked,
+        control_characters_removed=deid.controls_removed,
+        wall_time_s=round(wall, 3),
+        dialogues_per_min=round(stats.dialogues / wall * 60, 2) if wall > 0 else None,
+        llm_calls=LLMCalls(by_role=dict(stats.calls_by_role), by_model=dict(stats.by_model["calls"]),
+                           by_op=dict(stats.calls_by_op), total=calls,
+                           per_exchange=round(calls / stats.exchanges, 3) if stats.exchanges else None),
+        tokens=Tokens(prompt_by_role=dict(stats.prompt_tokens_by_role),
+                      output_by_role=dict(stats.output_tokens_by_role),
+                      cached_by_role=dict(stats.cached_tokens_by_role),
+                      prompt_by_model=dict(stats.by_model["prompt_tokens"]),
+                      output_by_model=dict(stats.by_model["output_tokens"]),
+                      cached_by_model=dict(stats.by_model["cached_tokens"]), cached_prompt_tokens=stats.cached_tokens),
+        fallbacks=dict(stats.fallbacks),
+        guards={"enabled": list(sc.dialogue.guards.enabled),
+                "max_regenerations": sc.dialogue.guards.max_regenerations, **stats.guards.summary()},
+        usage_by_model_and_role=stats.by_model_and_role(),
+        speech=stats.speech.summary(),
+        engine=EngineInfo(name=cfg.engine.name if engine is None else engine.name,
+                          model=cfg.engine.model if engine is None else engine.model, metrics=engine_metrics),
+        placement={"dialogue_workers": worker_nodes,
+                   "engines": [i.get("node") for i in getattr(engine, "launch_info", None) or []]},
+        roles=None if cfg.roles is None and cfg.engines is None else {
             "engines": {k: {"name": e.name, "model": e.model} for k, e in (cfg.engines or {}).items()},
             "map": {role: [[n, w] for n, w in opts] for role, opts in cfg.role_map().choices}},
-    }
-    out.update_run_json("synthesize", summary)
+    )
+    out.update_run_json("synthesize", summary.to_json())
     if not cases:
         first = "; ".join(f"{Path(r.source).name}: {r.field}: {r.reason}" for r in rejects[:2])
         raise RunRefused(f"no usable case in {deid.source(sc.cases)}: {len(rejects)} reject rows "
                          f"({first}{'; ...' if len(rejects) > 2 else ''}); see {out.display('rejects.parquet')}")
-    return {**summary, "interview": report_interview(out, cases)}
+    return {**summary.to_json(), "interview": report_interview(out, cases)}
 
 
 def report_interview(out: Store, cases: list[Case]) -> dict[str, Any]:

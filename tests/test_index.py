@@ -202,9 +202,13 @@ def _damage(path: Path, how: str) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("name", ["qa.faiss", "qa.parquet"])
-@pytest.mark.parametrize("how", ["bytes changed in place", "truncated"])
-@pytest.mark.parametrize("with_checksum", [True, False], ids=["checksum", "older-index-without-checksum"])
+# an older index without checksums: a truncated file is still refused; a change in place cannot be told
+# (what the checksum is for), so that pair is not a case
+DAMAGES = [(name, how, True) for name in ("qa.faiss", "qa.parquet") for how in ("bytes changed in place", "truncated")]
+DAMAGES += [(name, "truncated", False) for name in ("qa.faiss", "qa.parquet")]
+
+
+@pytest.mark.parametrize("name,how,with_checksum", DAMAGES)
 def test_a_damaged_index_is_one_line_exit_2(built, tmp_path, capsys, name, how, with_checksum):
     """Once `mdd search` printed scores like -3.7e32 for a changed index, and tracebacks for a truncated one."""
     out = _copy_index(built, tmp_path)
@@ -212,8 +216,6 @@ def test_a_damaged_index_is_one_line_exit_2(built, tmp_path, capsys, name, how, 
         meta = json.loads((out / "index" / "meta.json").read_text(encoding="utf-8"))
         del meta["checksum"]
         (out / "index" / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        if how == "bytes changed in place":
-            pytest.skip("without a checksum a change in place is not detectable (what the checksum is for)")
     _damage(out / "index" / name, how)
     capsys.readouterr()
     assert search_main(["--out", str(out), "-k", "3", "最近睡眠怎么样"]) == 2

@@ -17,7 +17,7 @@ from mdd.evaluate.rule_view import DialogueView
 from mdd.evaluate.rules import evaluate_rules
 from mdd.schema import RULE_RESULT
 
-MDD5K = Path("/work/shared/mdd5k/dialogues")
+MDD5K = Path(__file__).resolve().parents[2] / "shared" / "mdd5k" / "dialogues"  # ../shared beside the checkout
 
 
 def dialogue(pairs, did="d0", **meta):

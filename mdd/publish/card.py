@@ -17,7 +17,6 @@ import yaml
 
 from mdd.publish.run_data import USAGE_FIELDS, RunData, usage_by_model
 from mdd.publish.stats import case_sources, headline, reference
-from mdd.record.summary import SynthesisSummary
 from mdd.storage import Store
 
 CARD_FILE = "README.md"
@@ -189,7 +188,7 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
     with it (the new report or export), read as if committed. Returns where it goes."""
     run = RunData(out, sections)
     store = run.store
-    syn = SynthesisSummary.from_json(run.section("synthesize"))
+    syn = run.synthesis
     pub = (cfg.publish.model_dump() if cfg is not None else syn.setting("publish")) or {}
     run_name = syn.setting("run_name") or posixpath.basename(store.uri.rstrip("/"))
     pretty = pub.get("pretty_name") or f"mdd psychiatric diagnostic dialogues ({run_name})"
@@ -242,7 +241,7 @@ def write_card(out: str | os.PathLike | Store, cfg: Any = None, reference_path: 
               "past experience drawn from a knowledge graph; a tool agent decides topic ends, duplicates and the "
               "experience branch. The full resolved configuration is in `run.json` (`synthesize.config`).", "",
               _md_table([{"": k, "value": v} for k, v in made.items() if v not in (None, "")], ["", "value"]), ""]
-    parts += _sources_section(run, syn)
+    parts += _sources_section(run)
     usage = usage_by_model(run)
     if usage:
         parts += ["## Cost by model", "",
@@ -339,7 +338,7 @@ SOURCE_TEXT = {"synthetic": "synthetic records (`source: synthetic`, with the pr
                "unstated": "records that do not state their source (e.g. the sample cases, hospital files)"}
 
 
-def _sources_section(run: RunData, syn: SynthesisSummary) -> list[str]:
+def _sources_section(run: RunData) -> list[str]:
     """The share of each case source (the dialogue table's ``case_source``), and the synthetic cases'
     fidelity to their profile (run.json ``synthesize.synthetic_cases``)."""
     sources = case_sources(run)
@@ -353,7 +352,7 @@ def _sources_section(run: RunData, syn: SynthesisSummary) -> list[str]:
                          "share of cases": f"{v['case_share']:.1%}", "dialogues": f"{v['dialogues']:,}",
                          "share of dialogues": f"{v['dialogue_share']:.1%}"} for k, v in sources.items()],
                        ["source", "what", "cases", "share of cases", "dialogues", "share of dialogues"]), ""]
-    for profile, d in (syn.synthetic_cases or {}).items():
+    for profile, d in (run.synthesis.synthetic_cases or {}).items():
         if "js_distance" not in d:
             continue
         nd = d.get("near_duplicates") or {}

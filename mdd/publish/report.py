@@ -34,7 +34,6 @@ import pyarrow as pa
 from mdd.publish import plots
 from mdd.publish.run_data import RunData, usage_by_model
 from mdd.publish.stats import case_sources, headline, icd_prefix, reference, rule_counts, shape
-from mdd.record.summary import SynthesisSummary
 from mdd.schema import METRICS
 from mdd.storage import StorageError, Store
 
@@ -138,7 +137,7 @@ def _overview(ctx: Context) -> Panel:
     h = headline(ctx.run, ctx.ref)
     if not h["dialogues"]:
         raise NotAvailable("no dialogues in synth/")
-    syn = SynthesisSummary.from_json(ctx.run.section("synthesize"))
+    syn = ctx.run.synthesis
     rows = {
         "dialogues": h["dialogues"], "cases": h["cases"], "engine": h.get("engine"), "model": h.get("model"),
         "exchanges per dialogue (mean)": h.get("exchanges_mean"),
@@ -318,7 +317,7 @@ def _cost(ctx: Context) -> Panel:
     section = ctx.run.section("synthesize") or {}
     if not section.get("llm_calls") and not section.get("tokens"):
         raise NotAvailable("no llm_calls / tokens in run.json's synthesize section")
-    syn = SynthesisSummary.from_json(section)
+    syn = ctx.run.synthesis
     calls, tokens = syn.llm_calls, syn.tokens
     by_role = {"calls": calls.by_role, "prompt tokens": tokens.prompt_by_role, "output tokens": tokens.output_by_role}
     figs = [("cost_by_role", plots.bar_grid({k: v for k, v in by_role.items() if v},
@@ -343,8 +342,8 @@ def _cost(ctx: Context) -> Panel:
             [{"model": m, "role": r, **u} for m, roles in by_pair.items() for r, u in roles.items()])]
     by_model = {k: v for k, v in (("by_model", calls.by_model), ("prompt_by_model", tokens.prompt_by_model),
                                   ("output_by_model", tokens.output_by_model),
-                                  ("cached_by_model", tokens.cached_by_model)) if k in section.get(
-                    "llm_calls" if k == "by_model" else "tokens", {})}
+                                  ("cached_by_model", tokens.cached_by_model)) if k in (section.get(
+                    "llm_calls" if k == "by_model" else "tokens") or {})}
     if by_model:
         blocks += ["<h3>By model, the last synthesis invocation</h3>"] + [
             f"<h4>{esc(k)}</h4>{mapping_block(v)}" for k, v in by_model.items()]
@@ -366,7 +365,7 @@ def _total(x: Any) -> float:
 @panel("problems", "Failures and rejects")
 def _problems(ctx: Context) -> Panel:
     section = ctx.run.section("synthesize") or {}
-    counts = SynthesisSummary.from_json(section).counts
+    counts = ctx.run.synthesis.counts
     rej, fail = ctx.run.rejects, ctx.run.failures
     figs, blocks = [], []
     known = section.get("counts") or {}
@@ -388,7 +387,7 @@ def _problems(ctx: Context) -> Panel:
 @panel("synthetic_cases", "Case sources and synthetic cases' fidelity")
 def _synthetic_cases(ctx: Context) -> Panel:
     sources = case_sources(ctx.run)
-    figures = SynthesisSummary.from_json(ctx.run.section("synthesize")).synthetic_cases or {}
+    figures = ctx.run.synthesis.synthetic_cases or {}
     if not sources and not figures:
         raise NotAvailable("no case_source column in synth/ (a run older than case provenance)")
     blocks = [html_table([{"source": k, **v} for k, v in sources.items()],

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from mdd import knowledge
+from mdd.record.summary import SynthesisSummary
 from mdd.storage import StorageError, Store, first_rows, log_duplicates, open_store
 
 SYNTH_COLUMNS_SKIPPED = ("experience",)  # long free text no reader here needs
@@ -62,6 +63,11 @@ class RunData:
                     self.store.read_metadata(f)
                 except (OSError, pa.ArrowException) as exc:
                     raise _unreadable(self.store, f, exc) from None
+
+    @cached_property
+    def synthesis(self) -> SynthesisSummary:
+        """run.json's ``synthesize`` section, typed (read once; an older section's missing keys are defaults)."""
+        return SynthesisSummary.from_json(self.section("synthesize"))
 
     def section(self, *keys: str) -> Any:
         """``run_json[k1][k2]…`` or None."""

@@ -11,7 +11,6 @@ import pyarrow as pa
 
 from mdd.publish.run_data import RunData, reference_figures
 from mdd.record import count_exchanges
-from mdd.record.summary import SynthesisSummary
 from mdd.storage import open_store
 
 
@@ -95,8 +94,7 @@ def headline(run: RunData, ref: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures a reader wants first (the report's top table, the dataset card, run.json['report'])."""
     ref = ref or reference_figures()
     st = shape(run.synth)
-    section = run.section("synthesize") or {}
-    syn = SynthesisSummary.from_json(section)
+    syn = run.synthesis
     ev = run.section("evaluate") or {}
     h: dict[str, Any] = {
         "dialogues": run.synth.num_rows if run.synth is not None else 0,

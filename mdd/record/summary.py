@@ -5,7 +5,7 @@ defaults). Readers use attributes (``s.counts.dialogues_run``, ``s.engine.name``
 "variants")``), never chains of ``.get``."""
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 
@@ -13,8 +13,8 @@ def _from(cls: type, d: Any) -> Any:
     """An instance of the dataclass ``cls`` from a mapping (missing keys: defaults; unknown keys ignored)."""
     d = d if isinstance(d, Mapping) else {}
     kw = {}
-    for f in fields(cls):
-        if f.name not in d or d[f.name] is None and (f.default is not MISSING or f.default_factory is not MISSING):
+    for f in fields(cls):  # every field has a default: a missing or null key keeps it
+        if d.get(f.name) is None:
             continue
         sub = _NESTED.get((cls.__name__, f.name))
         kw[f.name] = _from(sub, d[f.name]) if sub is not None else d[f.name]

@@ -333,7 +333,9 @@ def test_main_job_runs_utility_before_its_report(ray_session, tmp_path):
 # --- the default classifier: the patient's symptom concepts ------------------------------------
 
 def test_concepts_model_counts_affirmed_symptoms_never_denials():
-    m = U.ConceptLinear({})
+    from mdd.publish.classifiers import ConceptLinear
+
+    m = ConceptLinear({})
     ix = {c: i for i, c in enumerate(m.concepts)}
     k = len(m.concepts)
     said = m.vector("我最近有自杀的想法，心情很差\n晚上睡不着")
